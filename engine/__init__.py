@@ -1,0 +1,30 @@
+"""DFlash speculative decoding on MLX: a block-diffusion draft proposes, the target verifies.
+
+`engine.events`, `engine.errors` and `engine.registry` load no MLX, so a UI can import them
+freely; the runtime (and MLX) loads on first use of `DFlashRuntime` / `DFlashConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import DFlashError
+from .events import CycleStats, Finished, GenerationResult, RunningStats, Span
+
+__version__ = "0.1.0"
+__all__ = [
+    "CycleStats", "DFlashConfig", "DFlashError", "DFlashRuntime", "Finished",
+    "GenerationResult", "RunningStats", "Span",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DFlashRuntime":
+        from .runtime import DFlashRuntime
+
+        return DFlashRuntime
+    if name == "DFlashConfig":
+        from .config import DFlashConfig
+
+        return DFlashConfig
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

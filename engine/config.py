@@ -1,0 +1,42 @@
+"""Engine settings: one plain dataclass, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_BLOCK_SIZE = 2
+MAX_BLOCK_SIZE = 16
+
+
+@dataclass
+class DFlashConfig:
+    # None: use the draft checkpoint's block_size (16 for the published drafts).
+    draft_block_size: int | None = None
+    # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
+    max_ctx: int = 16384
+    # GatedDeltaNet rollback: replay the recorded tape (True) or re-run accepted steps.
+    enable_tape_replay: bool = True
+    # Prefill in chunks of this many tokens to bound peak memory.
+    prefill_chunk: int = 512
+    # "float32" | "bfloat16" | "float16" | None (None: fastest for the backend).
+    dtype: str | None = None
+    # "auto" picks a fused kernel for the backend when one is proven; "portable" never does.
+    kernels: str = "auto"
+
+    def __post_init__(self) -> None:
+        bs = self.draft_block_size
+        if bs is not None and not (MIN_BLOCK_SIZE <= bs <= MAX_BLOCK_SIZE):
+            raise ValueError(
+                f"draft_block_size={bs} is out of range: use {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} "
+                "(or None for the checkpoint's own block size)"
+            )
+        if self.max_ctx < 16:
+            raise ValueError(f"max_ctx={self.max_ctx} is too small: use at least 16 tokens")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={self.prefill_chunk} must be at least 1")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype={self.dtype!r} is not supported: use float32, bfloat16, float16 or None"
+            )
+        if self.kernels not in ("auto", "portable"):
+            raise ValueError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")

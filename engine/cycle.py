@@ -1,0 +1,133 @@
+"""The speculative loop: prefill, then [draft -> verify -> accept -> commit/rollback]*.
+
+Yields `Commit`s of token ids; the runtime turns them into text spans and stops on EOS.
+Every committed token is the target's greedy argmax, so output equals plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .draft import DFlashDraft
+from .events import CycleStats
+from .targets.base import TargetAdapter
+
+
+@dataclass
+class Commit:
+    tokens: list[int]
+    n_draft: int  # leading tokens that came from the draft
+    cycle: CycleStats | None = None
+
+
+class PhaseClock:
+    """Times phases by evaluating what each produced: the one place timings are taken."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self, *outputs: Any) -> float:
+        mx.eval(*outputs)
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+def cache_arrays(*caches: list[Any]) -> list[mx.array]:
+    return [a for c in caches for _, a in tree_flatten([x.state for x in c])
+            if isinstance(a, mx.array)]
+
+
+def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: int,
+            draft: DFlashDraft | None = None, draft_cache: list[Any] | None = None) -> mx.array:
+    """Run the prompt through the target in chunks; feed tapped features to the draft.
+    Returns the logits of the last prompt position [V]."""
+    tap_ids = draft.args.target_layer_ids if draft is not None else []
+    logits = None
+    for start in range(0, len(prompt), chunk):
+        ids = mx.array([prompt[start:start + chunk]])
+        logits, taps = target.forward(ids, cache, tap_ids, last_only=True)
+        if draft is not None:
+            draft.append_context(taps, draft_cache)
+        mx.eval(logits, cache_arrays(cache, draft_cache or []))
+    assert logits is not None, "empty prompt"
+    return logits[0, -1]
+
+
+def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
+            staged: int, size: int) -> mx.array:
+    """One draft forward on [staged, mask x (size-1)] -> verify input [1, size]."""
+    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
+    if size == 1:
+        return block
+    hidden = draft(target.embed(block), draft_cache)
+    drafted = mx.argmax(target.lm_head(hidden[:, 1:]), axis=-1).astype(block.dtype)
+    return mx.concatenate([block[:, :1], drafted], axis=1)
+
+
+def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
+    """Greedy acceptance: the longest prefix of drafts that equal the target's argmax.
+    -> (accepted count a, target argmax [size]); the bonus token is argmax[a]."""
+    choice = mx.argmax(verify_logits[0], axis=-1).astype(verify_in.dtype)
+    match = (verify_in[0, 1:] == choice[:-1]).astype(mx.int32)
+    return mx.sum(mx.cumprod(match)), choice
+
+
+Proposer = Callable[[int, int, int], mx.array]  # (staged, size, position) -> verify input
+
+
+def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
+                       max_tokens: int, block_size: int, prefill_chunk: int,
+                       cache: list[Any] | None = None, draft_cache: list[Any] | None = None,
+                       proposer: Proposer | None = None) -> Iterator[Commit]:
+    """Caches may be passed in (empty) to inspect them; `proposer` replaces the draft's
+    proposals (tests use an oracle that knows the target's continuation)."""
+    cache = target.make_cache() if cache is None else cache
+    draft_cache = draft.make_cache() if draft_cache is None else draft_cache
+    if proposer is None:
+        def proposer(staged: int, size: int, position: int) -> mx.array:
+            return propose(target, draft, draft_cache, staged, size)
+    tap_ids = draft.args.target_layer_ids
+    position = len(prompt)
+    staged = int(mx.argmax(prefill(target, cache, prompt, prefill_chunk, draft, draft_cache)))
+    yield Commit([staged], 0)
+    emitted, index = 1, 0
+    while emitted < max_tokens:
+        # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
+        size = min(block_size, max_tokens - emitted)
+        clock = PhaseClock()
+        verify_in = proposer(staged, size, position)
+        draft_s = clock.lap(verify_in)
+
+        target.begin_verify(cache)
+        logits, taps = target.forward(verify_in, cache, tap_ids)
+        accepted, choice = accept(verify_in, logits)
+        verify_s = clock.lap(accepted, choice)
+
+        a = int(accepted)
+        target.rollback(cache, keep=a + 1, verified=size)
+        draft.append_context(taps[:, : a + 1], draft_cache)
+        rollback_s = clock.lap(cache_arrays(cache, draft_cache))
+
+        tokens = verify_in[0, 1: a + 1].tolist() + [int(choice[a])]
+        staged = tokens[-1]
+        emitted += len(tokens)
+        position += a + 1
+        yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s))
+        index += 1
+
+
+def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
+                 prefill_chunk: int) -> Iterator[Commit]:
+    """Greedy decoding by the target alone, through mlx-lm's own generate_step."""
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
+                          prefill_step_size=prefill_chunk)
+    for token, _ in steps:
+        yield Commit([int(token)], 0)

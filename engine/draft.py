@@ -1,0 +1,235 @@
+"""The DFlash block-diffusion draft, in the published z-lab checkpoint layout.
+
+One forward turns `[staged, mask x (B-1)]` into B-1 proposals. Queries come from the
+block; keys/values from the cached target context plus the block ("KV injection").
+The draft has no embedding or lm_head of its own: it borrows the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+
+def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The documented default: one tap at L // 2; n taps spread from layer 1 to L - 3."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_taps - 1)) for i in range(num_taps)]
+
+
+@dataclass
+class DraftArgs:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 40960
+    vocab_size: int = 0
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_config(cls, config: dict) -> DraftArgs:
+        """Read both published variants: block_size top-level (Qwen3, LLaMA-3.1 drafts) or
+        inside `dflash_config` (Qwen3.5+), taps from dflash_config or the default rule."""
+        dflash = config.get("dflash_config") or {}
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size", "num_target_layers")
+            if k not in config
+        ]
+        if missing:
+            raise KeyError(", ".join(missing))
+        mask_id = dflash.get("mask_token_id", config.get("mask_token_id"))
+        if mask_id is None:
+            raise KeyError("dflash_config.mask_token_id")
+        n_target = int(config["num_target_layers"])
+        taps = dflash.get("target_layer_ids") or config.get("target_layer_ids")
+        if not taps:
+            taps = default_tap_ids(n_target, int(config.get("num_taps", 1)))
+        rope_theta = config.get("rope_theta")
+        if rope_theta is None:
+            rope_theta = (config.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=int(config["num_attention_heads"]),
+            num_key_value_heads=int(
+                config.get("num_key_value_heads", config["num_attention_heads"])
+            ),
+            intermediate_size=int(config["intermediate_size"]),
+            num_target_layers=n_target,
+            target_layer_ids=[int(t) for t in taps],
+            mask_token_id=int(mask_id),
+            block_size=int(dflash.get("block_size", config.get("block_size", 16))),
+            head_dim=config.get("head_dim"),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=config.get("rope_scaling"),
+            max_position_embeddings=int(config.get("max_position_embeddings", 40960)),
+            vocab_size=int(config.get("vocab_size", 0)),
+            layer_types=config.get("layer_types"),
+            sliding_window=config.get("sliding_window"),
+            attention_bias=bool(config.get("attention_bias", False)),
+        )
+
+    def to_config(self) -> dict:
+        """config.json in the published layout (block_size both top-level and nested)."""
+        cfg: dict[str, Any] = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "attention_bias": self.attention_bias,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+            },
+        }
+        if self.layer_types:
+            cfg["layer_types"] = self.layer_types
+            cfg["sliding_window"] = self.sliding_window
+        return cfg
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, args: DraftArgs, sliding: bool):
+        super().__init__()
+        dim, hd = args.hidden_size, args.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            args.num_attention_heads, args.num_key_value_heads, hd
+        )
+        self.scale = hd**-0.5
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
+        self.rope = initialize_rope(
+            hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
+        )
+        self.window = args.sliding_window if sliding else None
+
+    def _heads(self, x: mx.array, n: int) -> mx.array:
+        B, L, _ = x.shape
+        return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)
+
+    def context_kv(self, ctx: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        """K/V of context features, positions offset.. (k_norm and RoPE applied: cacheable)."""
+        k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
+        return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
+
+    def __call__(self, x: mx.array, cache: KVCache, start: int) -> mx.array:
+        B, L, _ = x.shape
+        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
+        k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        ctx_k, ctx_v = cache.keys_and_values() if cache.offset else (k[:, :, :0], v[:, :, :0])
+        if self.window is not None:
+            ctx_k, ctx_v = ctx_k[:, :, -self.window:], ctx_v[:, :, -self.window:]
+        keys = mx.concatenate([ctx_k, k], axis=2)
+        values = mx.concatenate([ctx_v, v], axis=2)
+        # No mask: the block is bidirectional and sees all of its context.
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, args: DraftArgs, sliding: bool):
+        super().__init__()
+        self.self_attn = DraftAttention(args, sliding)
+        self.mlp = DraftMLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, cache: KVCache, start: int) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache, start)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, args: DraftArgs):
+        super().__init__()
+        self.args = args
+        n_taps, H = len(args.target_layer_ids), args.hidden_size
+        types = args.layer_types or ["full_attention"] * args.num_hidden_layers
+        self.fc = nn.Linear(n_taps * H, H, bias=False)
+        self.hidden_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.layers = [DraftLayer(args, t == "sliding_attention") for t in types]
+        self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def project_context(self, taps: mx.array) -> mx.array:
+        """Concatenated tapped target features [B, T, n_taps*H] -> context [B, T, H]."""
+        return self.hidden_norm(self.fc(taps))
+
+    def append_context(self, taps: mx.array, cache: list[KVCache]) -> None:
+        """Project newly committed tokens' features once and cache their K/V per layer."""
+        ctx = self.project_context(taps)
+        offset = cache[0].offset
+        for layer, c in zip(self.layers, cache):
+            c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset))
+
+    def trim_context(self, cache: list[KVCache], n: int) -> None:
+        for c in cache:
+            c.trim(n)
+
+    def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
+        """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H]."""
+        start = cache[0].offset
+        h = block_embeddings
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, c, start)
+        return self.norm(h)

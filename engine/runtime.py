@@ -1,0 +1,212 @@
+"""DFlashRuntime: load a target + draft pair once, then stream lossless speculative output."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import DFlashConfig
+from .cycle import Commit, plain_decode, speculative_decode
+from .draft import DFlashDraft
+from .errors import PromptError
+from .events import Finished, GenerationResult, RunningStats, Span
+from .loading import Progress, load_draft, load_target, make_adapter, pick_dtype
+from .registry import DEFAULT_TARGET
+from .targets.base import TargetAdapter
+
+Prompt = str | Sequence[dict] | Sequence[int]
+
+
+def backend_name() -> str:
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    return "cuda"
+
+
+def peak_memory() -> int:
+    try:
+        return int(mx.get_peak_memory())
+    except AttributeError:  # older MLX
+        return int(mx.metal.get_peak_memory())
+
+
+class DFlashRuntime:
+    def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
+                 config: DFlashConfig | None = None, target_id: str = "target",
+                 draft_id: str = "draft"):
+        self.config = config or DFlashConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.draft = draft
+        self.target: TargetAdapter = make_adapter(model, self.config.enable_tape_replay)
+        self.target_id, self.draft_id = target_id, draft_id
+        trained = draft.args.block_size if draft is not None else 16
+        self.block_size = self.config.draft_block_size or trained
+
+    @classmethod
+    def from_pretrained(cls, model: str | None = None, draft: str | None = None,
+                        config: DFlashConfig | None = None,
+                        progress: Progress | None = None) -> DFlashRuntime:
+        """Load a registered pair by target id, or any target + `draft` (ids or folders).
+        `model=None` is the offline default pair (SmolLM2-135M-Instruct + our draft)."""
+        config = config or DFlashConfig()
+        model_id = model or DEFAULT_TARGET
+        target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
+        adapter = make_adapter(target_model, config.enable_tape_replay)
+        dtype = pick_dtype(config.dtype) or target_model_dtype(target_model)
+        draft_model, draft_id = load_draft(model_id, draft, adapter, dtype, progress)
+        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id)
+
+    # -- prompts -----------------------------------------------------------------------
+    def encode(self, prompt: Prompt, chat_template_args: dict | None = None) -> list[int]:
+        """Raw text, chat messages (template applied) or token ids (used as-is)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty. Fix: pass some text.")
+            return list(self.tokenizer.encode(prompt))
+        items = list(prompt)
+        if not items:
+            raise PromptError("the prompt is empty. Fix: pass text, messages or token ids.")
+        if all(isinstance(t, int) for t in items):
+            return items
+        if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
+            if getattr(self.tokenizer, "chat_template", None) is None:
+                raise PromptError(
+                    f"{self.target_id} has no chat template. Fix: pass raw text instead."
+                )
+            ids = self.tokenizer.apply_chat_template(
+                items, add_generation_prompt=True, tokenize=True, **(chat_template_args or {})
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        raise PromptError(
+            "the prompt must be a string, a list of {'role', 'content'} messages or a list "
+            "of token ids."
+        )
+
+    def describe(self) -> dict:
+        return {
+            "target": self.target_id,
+            "draft": self.draft_id,
+            "backend": backend_name(),
+            "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
+            "block_size": self.block_size,
+            "max_ctx": self.config.max_ctx,
+            "family": self.target.family,
+        }
+
+    # -- generation --------------------------------------------------------------------
+    def stream_generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
+                        speculative: bool = True, chat_template_args: dict | None = None
+                        ) -> Iterator[Span | Finished]:
+        """Yields a Span per committed group of tokens, then one Finished."""
+        if max_tokens < 1:
+            raise PromptError(f"max_tokens={max_tokens}: ask for at least 1 token.")
+        ids = self.encode(prompt, chat_template_args)
+        fallback = None
+        if speculative and self.draft is None:
+            fallback = "no draft loaded"
+        elif speculative and len(ids) + max_tokens > self.config.max_ctx:
+            fallback = (f"prompt ({len(ids)}) + max_tokens ({max_tokens}) exceeds max_ctx "
+                        f"({self.config.max_ctx}): decoded by the target alone")
+        use_draft = speculative and fallback is None
+        mx.reset_peak_memory()
+        if use_draft:
+            commits = speculative_decode(self.target, self.draft, ids, max_tokens,
+                                         self.block_size, self.config.prefill_chunk)
+        else:
+            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
+        return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback)
+
+    def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
+               use_draft: bool, fallback: str | None) -> Iterator[Span | Finished]:
+        stop_ids = set() if no_eos else set(self.tokenizer.eos_token_ids)
+        detok = self.tokenizer.detokenizer
+        detok.reset()
+        tokens: list[int] = []
+        cycle_tokens: list[int] = []
+        profile = {"draft": 0.0, "verify": 0.0, "rollback": 0.0}
+        start = time.perf_counter()
+        first_at = None
+        finish = "length"
+        try:
+            for commit in commits:
+                now = time.perf_counter()
+                if first_at is None:
+                    first_at = now
+                new = commit.tokens
+                hit = next((i for i, t in enumerate(new) if t in stop_ids), None)
+                if hit is not None:
+                    new, finish = new[:hit], "stop"
+                n_draft = min(commit.n_draft, len(new))
+                draft_text = _add(detok, new[:n_draft])
+                text = draft_text + _add(detok, new[n_draft:])
+                tokens.extend(new)
+                if commit.cycle is not None:
+                    cycle_tokens.append(commit.cycle.committed)
+                    for phase in profile:
+                        profile[phase] += getattr(commit.cycle, f"{phase}_s")
+                stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, now,
+                                    use_draft)
+                if new:
+                    yield Span(tuple(new), n_draft, text, draft_text, stats, commit.cycle)
+                if finish == "stop" or len(tokens) >= max_tokens:
+                    break
+        except GeneratorExit:
+            finish = "cancelled"
+            raise
+        finally:
+            commits.close()
+        detok.finalize()
+        tail = detok.last_segment
+        end = time.perf_counter()
+        first_at = first_at or end
+        if tail:
+            stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, end, use_draft)
+            yield Span((), 0, tail, "", stats, None)
+        result = GenerationResult(
+            text=self.tokenizer.decode(tokens), tokens=tokens, prompt_tokens=len(ids),
+            finish_reason=finish, speculative=use_draft, fallback_reason=fallback,
+            block_size=self.block_size, elapsed_s=end - start, prefill_s=first_at - start,
+            ttft_s=first_at - start, decode_s=end - first_at, peak_memory_bytes=peak_memory(),
+            cycle_tokens=cycle_tokens, cycle_profile=profile,
+        )
+        yield Finished(result)
+
+    def _stats(self, ids: list[int], tokens: list[int], cycles: int, start: float,
+               first_at: float, now: float, use_draft: bool) -> RunningStats:
+        prefill_s = first_at - start
+        return RunningStats(
+            prompt_tokens=len(ids), generated=len(tokens), cycles=cycles,
+            elapsed_s=now - start, decode_s=now - first_at, ttft_s=prefill_s,
+            prefill_tokens_per_second=len(ids) / prefill_s if prefill_s > 0 else 0.0,
+            ctx_used=len(ids) + len(tokens), max_ctx=self.config.max_ctx,
+            peak_memory_bytes=peak_memory(), speculative=use_draft,
+        )
+
+    def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
+                 speculative: bool = True, chat_template_args: dict | None = None
+                 ) -> GenerationResult:
+        for event in self.stream_generate(prompt, max_tokens, no_eos, speculative,
+                                          chat_template_args):
+            if isinstance(event, Finished):
+                return event.result
+        raise RuntimeError("stream ended without a result")  # pragma: no cover
+
+
+def _add(detok: Any, tokens: list[int]) -> str:
+    for t in tokens:
+        detok.add_token(t)
+    return detok.last_segment if tokens else ""
+
+
+def target_model_dtype(model: nn.Module) -> mx.Dtype:
+    inner = getattr(model, "language_model", model).model
+    return inner.norm.weight.dtype
+
+
+ProgressCallback = Callable[[str, "float | None"], None]

@@ -1,0 +1,116 @@
+"""Shared target-adapter logic: run an mlx-lm model layer by layer, tapping hidden states.
+
+An adapter never changes mlx-lm's classes: it walks `model.layers` itself with the
+model's own modules and caches, so the output is exactly the model's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import make_prompt_cache
+
+
+def text_model(model: nn.Module) -> nn.Module:
+    """The decoder stack (embed_tokens, layers, norm) inside an mlx-lm model."""
+    inner = getattr(model, "language_model", model)
+    return inner.model
+
+
+def text_args(model: nn.Module) -> Any:
+    return getattr(model, "language_model", model).args
+
+
+class TargetAdapter:
+    """Runs a target with tapped features; knows how to roll its caches back.
+
+    Subclasses override `_layer_forward` / `rollback` for families whose layers need
+    more than an attention mask (GatedDeltaNet hybrids).
+    """
+
+    family = "attention"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.inner = text_model(model)
+        self.args = text_args(model)
+        self.layers = list(self.inner.layers)
+
+    # -- facts the draft needs ---------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.args.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.args.vocab_size)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The target's input embedding (times its embedding scale, if the family has one)."""
+        h = self.inner.embed_tokens(tokens)
+        scale = getattr(self.args, "embedding_multiplier", None)
+        return h * scale if scale else h
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """The target's output head on already-normed hidden states."""
+        outer = getattr(self.model, "language_model", self.model)
+        if getattr(self.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head"):
+            return self.inner.embed_tokens.as_linear(hidden)
+        return outer.lm_head(hidden)
+
+    # -- caches ------------------------------------------------------------------------
+    def make_cache(self) -> list[Any]:
+        return make_prompt_cache(self.model)
+
+    def cache_length(self, cache: list[Any]) -> int:
+        return int(cache[self._first_kv_index()].offset)
+
+    def _first_kv_index(self) -> int:
+        return 0
+
+    def begin_verify(self, cache: list[Any]) -> None:
+        """Called before a forward whose tokens may be partly rolled back."""
+
+    def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
+        """After a forward of `verified` tokens, keep only the first `keep` of them."""
+        drop = verified - keep
+        if drop > 0:
+            for c in cache:
+                c.trim(drop)
+
+    # -- forward -----------------------------------------------------------------------
+    def _masks(self, h: mx.array, cache: list[Any]) -> dict[str, Any]:
+        return {"attention": create_attention_mask(h, cache[self._first_kv_index()])}
+
+    def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
+        return layer(h, masks["attention"], cache=cache)
+
+    def forward(
+        self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int], last_only: bool = False
+    ) -> tuple[mx.array, mx.array]:
+        """tokens [1, T] -> (logits [1, T, V], taps [1, T, len(tap_ids) * H]).
+
+        A tap of layer l is the output of decoder layer l (before the final norm).
+        `last_only` computes logits for the last position only (prefill chunks).
+        """
+        h = self.inner.embed_tokens(tokens)
+        masks = self._masks(h, cache)
+        wanted = set(tap_ids)
+        outputs: dict[int, mx.array] = {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            h = self._layer_forward(i, layer, h, masks, c)
+            if i in wanted:
+                outputs[i] = h
+        if last_only:
+            h = h[:, -1:]
+        logits = self.lm_head(self.inner.norm(h))
+        taps = [outputs[i] for i in tap_ids]
+        feats = mx.concatenate(taps, axis=-1) if taps else h[..., :0]
+        return logits, feats

@@ -1,0 +1,140 @@
+"""Tiny random target + draft pairs written to disk, for tests and demos (no network).
+
+They load through the same code as real checkpoints: mlx-lm for the target folder, the
+z-lab layout for the draft folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .draft import DFlashDraft, DraftArgs, default_tap_ids
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "Speculative decoding drafts tokens and the target verifies them.",
+    "What is 12 times 7? It is 84.",
+    "Hello! How can I help you today?",
+]
+
+TARGET_CONFIGS = {
+    "llama": {
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    },
+    "qwen3": {
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 4,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    },
+    "qwen3_5": {
+        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 4,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+        "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "rope_parameters": {"type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]},
+    },
+}
+
+
+def build_tokenizer(out_dir: Path) -> int:
+    """A small byte-level BPE with chat specials; returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None,
+        pad_token="<|endoftext|>", unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return tok.get_vocab_size()
+
+
+def _init_weights(model: nn.Module, seed: int, scale: float = 0.08) -> None:
+    """Gaussian weights big enough that greedy output varies from token to token."""
+    mx.random.seed(seed)
+    params = []
+    for name, p in tree_flatten(model.parameters()):
+        if name.endswith("norm.weight") or p.ndim == 1:
+            params.append((name, p))
+        else:
+            params.append((name, mx.random.normal(p.shape) * scale))
+    model.load_weights(params)
+
+
+def make_tiny_target(out_dir: Path, family: str = "llama", seed: int = 0) -> Path:
+    from mlx_lm.utils import _get_classes
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out_dir)
+    config = dict(TARGET_CONFIGS[family], vocab_size=vocab)
+    if family == "qwen3_5":
+        config = {"model_type": "qwen3_5", "text_config": config}
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    _init_weights(model, seed)
+    mx.save_safetensors(str(out_dir / "model.safetensors"),
+                        dict(tree_flatten(model.parameters())))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def tiny_draft_args(target_config: dict, vocab: int, mask_id: int, layers: int = 2,
+                    block_size: int = 16, taps: int = 2) -> DraftArgs:
+    cfg = target_config.get("text_config", target_config)
+    n_target = cfg["num_hidden_layers"]
+    return DraftArgs(
+        hidden_size=cfg["hidden_size"], num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        num_target_layers=n_target,
+        target_layer_ids=default_tap_ids(n_target, taps) if n_target > 5 else [1, n_target - 2],
+        mask_token_id=mask_id, block_size=block_size, vocab_size=vocab,
+    )
+
+
+def save_draft(draft: DFlashDraft, out_dir: Path) -> Path:
+    """Write a draft in the published layout: config.json + model.safetensors, no prefix."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(draft.args.to_config(), indent=2))
+    mx.save_safetensors(str(out_dir / "model.safetensors"),
+                        dict(tree_flatten(draft.parameters())))
+    return out_dir
+
+
+def make_tiny_pair(tmp_dir: Path, family: str = "llama", seed: int = 0,
+                   block_size: int = 16) -> tuple[Path, Path]:
+    """-> (target_dir, draft_dir) loadable by DFlashRuntime.from_pretrained(model=, draft=)."""
+    tmp_dir = Path(tmp_dir)
+    target_dir = make_tiny_target(tmp_dir / f"tiny-{family}", family, seed)
+    config = json.loads((target_dir / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]
+    mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|mask|>")
+    draft = DFlashDraft(tiny_draft_args(config, vocab, mask_id, block_size=block_size))
+    _init_weights(draft, seed + 1)
+    return target_dir, save_draft(draft, tmp_dir / f"tiny-{family}-dflash")
