@@ -1,0 +1,3 @@
+from dflash_tui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""What the worker drives: a tiny protocol with the real DFlash engine and a deterministic fake.
+
+The real backend imports `engine` only when `load` runs, which happens on the worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from engine.errors import DFlashError, ModelNotAvailable  # no MLX: errors is plain Python
+
+Progress = Callable[[str, "float | None"], None]
+
+
+class Backend(Protocol):
+    def load(
+        self, model: str | None, draft: str | None, block_size: int, progress: Progress
+    ) -> dict:
+        """Load a pair; returns describe(). Raises with a user-readable message on failure."""
+
+    def stream(
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+    ) -> Iterator[Any]:
+        """Yield engine.events.Span objects then one Finished; close() the iterator to stop."""
+
+
+def user_message(exc: BaseException) -> str:
+    """The text to show for an engine error: DFlashError messages are already written for users."""
+    if isinstance(exc, DFlashError | ValueError | FileNotFoundError):
+        return str(exc)
+    return (
+        f"The engine failed with {type(exc).__name__}: {exc}. Your chat is saved; try another "
+        "model pair (F2) or a smaller max tokens (F5). Details are in the log file."
+    )
+
+
+class RealBackend:
+    def __init__(self) -> None:
+        self.rt: Any = None
+        self._pair: tuple[str | None, str | None] = (None, None)
+        self._block_size = 0
+
+    def load(
+        self, model: str | None, draft: str | None, block_size: int, progress: Progress
+    ) -> dict:
+        from engine import DFlashConfig, DFlashRuntime  # imports MLX: worker thread only
+
+        config = DFlashConfig(draft_block_size=block_size or None)
+        self.rt = DFlashRuntime.from_pretrained(
+            model=model or None, draft=draft or None, config=config, progress=progress
+        )
+        self._pair, self._block_size = (model, draft), block_size
+        return dict(self.rt.describe())
+
+    def stream(
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+    ) -> Iterator[Any]:
+        if block_size != self._block_size:
+            # The block size is a load-time setting of the runtime: reload with the new one.
+            self.load(*self._pair, block_size, lambda text, frac: None)
+        return self.rt.stream_generate(prompt, max_tokens=max_tokens)
+
+
+FAKE_REPLY = (
+    "Speculative decoding lets a small **draft** model propose a block of tokens that the "
+    "**target** model verifies in one pass.\n\n"
+    "- accepted tokens are free\n- the target adds one bonus token per cycle\n\n"
+    "```python\nprint('lossless')\n```\n"
+)
+
+
+class FakeBackend:
+    """Deterministic stand-in: same prompt -> same spans and stats, no clocks, no MLX.
+
+    `delay` sleeps between spans (to test streaming and cancellation); `reply` overrides the
+    text; model ids starting with "bad" fail the way a missing checkpoint does.
+    """
+
+    def __init__(self, delay: float = 0.0, reply: str | None = None, load_delay: float = 0.0):
+        self.delay = delay
+        self.reply = reply
+        self.load_delay = load_delay
+        self.info: dict = {}
+        self.block_size = 4
+
+    def load(
+        self, model: str | None, draft: str | None, block_size: int, progress: Progress
+    ) -> dict:
+        for step in range(5):
+            progress(f"Loading {model or 'default pair'}", step / 4)
+            if self.load_delay:
+                time.sleep(self.load_delay / 5)
+        if (model or "").startswith("bad") or (draft or "").startswith("bad"):
+            raise ModelNotAvailable(
+                f"Model {model!r} was not found locally or on the Hugging Face Hub. Check the id "
+                "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct) or give a local folder path."
+            )
+        self.block_size = block_size or 4
+        self.info = {
+            "target": model or "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "draft": draft or "dflash-smollm2-135m-draft (bundled)",
+            "backend": "cpu",
+            "dtype": "float32",
+            "block_size": self.block_size,
+            "max_ctx": 16384,
+        }
+        return dict(self.info)
+
+    def stream(
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+    ) -> Iterator[Any]:
+        from engine.events import CycleStats, Finished, GenerationResult, RunningStats, Span
+
+        text = self.reply if self.reply is not None else FAKE_REPLY
+        words = [w + " " for w in text.split(" ")][:max_tokens]
+        words[-1] = words[-1][:-1]
+        prompt_tokens = (
+            sum(len(m["content"].split()) + 4 for m in prompt)
+            if isinstance(prompt, list)
+            else len(prompt.split())
+        )
+        generated, cycles, pos = 0, 0, 0
+        committed: list[int] = []
+        # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
+        pattern = [3, 1, 4, 2, 5, 1, 3]
+        while pos < len(words):
+            if self.delay:
+                time.sleep(self.delay)
+            n = pattern[cycles % len(pattern)] if generated else 1
+            chunk = words[pos : pos + n]
+            pos += len(chunk)
+            n_draft = len(chunk) - 1 if generated else 0
+            cycle = None
+            if generated:
+                cycle = CycleStats(cycles, self.block_size, n_draft, 0.001, 0.002, 0.0)
+                cycles += 1
+                committed.append(len(chunk))
+            generated += len(chunk)
+            stats = RunningStats(
+                prompt_tokens=prompt_tokens,
+                generated=generated,
+                cycles=cycles,
+                elapsed_s=0.05 + generated * 0.01,
+                decode_s=generated * 0.01,
+                ttft_s=0.05,
+                prefill_tokens_per_second=prompt_tokens / 0.05,
+                ctx_used=prompt_tokens + generated,
+                max_ctx=16384,
+                peak_memory_bytes=300_000_000 + generated * 1000,
+                speculative=True,
+            )
+            yield Span(
+                tokens=tuple(range(len(chunk))),
+                n_draft=n_draft,
+                text="".join(chunk),
+                draft_text="".join(chunk[:n_draft]),
+                stats=stats,
+                cycle=cycle,
+            )
+        yield Finished(
+            GenerationResult(
+                text="".join(words),
+                tokens=list(range(generated)),
+                prompt_tokens=prompt_tokens,
+                finish_reason="length" if len(words) >= max_tokens else "stop",
+                speculative=True,
+                fallback_reason=None,
+                block_size=self.block_size,
+                elapsed_s=0.05 + generated * 0.01,
+                prefill_s=0.05,
+                ttft_s=0.05,
+                decode_s=generated * 0.01,
+                peak_memory_bytes=300_000_000 + generated * 1000,
+                cycle_tokens=committed,
+            )
+        )

@@ -1,0 +1,144 @@
+"""`dflash-chat`: command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from dflash_tui import __version__, config
+
+EPILOG = """\
+keys (F1 in the app lists all, with binding ids):
+  Enter send · Shift+Enter / Ctrl+J newline · Esc stop reply (keeps the partial text)
+  Ctrl+Y copy last reply · c copy focused message · Ctrl+T colour draft-accepted tokens
+  Ctrl+B sidebar · Ctrl+O compact speed line · F2 model pairs · Ctrl+L conversations
+  Ctrl+N new chat · F5 conversation settings · Ctrl+E export Markdown · Ctrl+P command palette
+  Ctrl+Q quit
+
+files:
+  history   {data}/history.sqlite3   (override: ${data_env})
+  exports   {data}/exports/
+  log       {data}/dflash-chat.log
+  config    {config}   (override dir: ${config_env})
+
+examples:
+  dflash-chat                                   offline default pair (SmolLM2-135M + bundled draft)
+  dflash-chat --model Qwen/Qwen3-4B --draft z-lab/Qwen3-4B-DFlash-b16
+  dflash-chat --model ~/models/target --draft ~/models/draft
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-chat",
+        description="Chat with a local LLM and watch lossless DFlash speculative decoding: "
+        "a small draft proposes token blocks, the target verifies them, the sidebar shows "
+        "acceptance and tokens/cycle live.",
+        epilog=EPILOG.format(
+            data=config.data_dir(),
+            config=config.config_path(),
+            data_env=config.DATA_DIR_ENV,
+            config_env=config.CONFIG_DIR_ENV,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        "-m",
+        metavar="ID|PATH",
+        help="target model: Hub id or local folder (default: the offline pair)",
+    )
+    parser.add_argument(
+        "--draft",
+        "-d",
+        metavar="ID|PATH",
+        help="DFlash draft: Hub id or folder (default: the registry's draft)",
+    )
+    parser.add_argument(
+        "--conversation",
+        "-c",
+        type=int,
+        metavar="N",
+        help="open conversation number N (see Ctrl+L in the app)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help=f"default max tokens per reply (1..{config.MAX_TOKENS_LIMIT})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="default draft block size (2..16; 0 = the draft's own)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"history/export folder (default: ${config.DATA_DIR_ENV} or the platform data dir)",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="use a deterministic fake engine (no model, no MLX): for trying "
+        "the UI and for screenshots",
+    )
+    parser.add_argument("--version", action="version", version=f"dflash-chat {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dflash_tui.app import DFlashChatApp
+    from dflash_tui.backends import FakeBackend, RealBackend
+    from dflash_tui.store import SchemaTooNew
+
+    data_dir = args.data_dir or config.data_dir()
+    try:
+        if args.max_tokens is not None:
+            config.validate_max_tokens(str(args.max_tokens))
+        if args.block_size is not None:
+            config.validate_block_size(str(args.block_size))
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except (ValueError, OSError) as exc:
+        print(f"dflash-chat: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        filename=data_dir / "dflash-chat.log",
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app = DFlashChatApp(
+            model=args.model,
+            draft=args.draft,
+            backend_factory=FakeBackend if args.demo else RealBackend,
+            data_dir=data_dir,
+            conversation_id=args.conversation,
+        )
+    except (SchemaTooNew, OSError) as exc:
+        print(f"dflash-chat: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # e.g. a corrupt database file: say where it is, keep it
+        print(
+            f"dflash-chat: cannot open history in {data_dir}: {exc}. Move the file aside "
+            "to start fresh (nothing is deleted).",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_tokens is not None:
+        app.settings.max_tokens = args.max_tokens
+    if args.block_size is not None:
+        app.settings.block_size = args.block_size
+    app.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Registry look-ups and downloads. Runs in worker threads: huggingface-hub is slow to import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Progress = Callable[[str, "float | None"], None]
+
+
+@dataclass
+class PairRow:
+    target: str
+    draft: str | None
+    family: str
+    note: str
+    status: str  # bundled | cached | downloadable | unavailable offline
+
+
+def registry_rows() -> list[PairRow]:
+    from engine import registry  # no MLX; pair_status checks the hub cache on disk
+
+    return [
+        PairRow(p.target, p.draft, p.family, p.note, registry.pair_status(p))
+        for p in registry.list_pairs()
+    ]
+
+
+OFFLINE_HELP = (
+    "You are offline (HF_HUB_OFFLINE is set or the Hugging Face Hub is unreachable), so {what} "
+    "cannot be downloaded. Connect and retry, or pick a bundled/cached pair, or give a local "
+    "folder path as a custom pair."
+)
+
+
+def download_pair(target: str, draft: str | None, progress: Progress) -> None:
+    """Fetch both checkpoints into the hub cache, reporting bytes as a fraction."""
+    from engine import registry
+
+    if registry.hub_offline():
+        raise ConnectionError(OFFLINE_HELP.format(what=target))
+    try:  # prefer the engine's own downloader once it exists
+        from engine.loading import download_pair as engine_download  # type: ignore[attr-defined]
+    except ImportError:
+        engine_download = None
+    if engine_download is not None:
+        pair = next(p for p in registry.list_pairs() if p.target == target)
+        engine_download(pair, progress)
+        return
+    from huggingface_hub import snapshot_download
+    from tqdm.auto import tqdm
+
+    for repo in (r for r in (target, draft) if r):
+
+        class Reporter(tqdm):  # type: ignore[misc, valid-type]
+            label = f"downloading {repo}"
+
+            def update(self, n: float | None = 1) -> Any:
+                out = super().update(n)
+                if self.total:
+                    progress(self.label, min(1.0, self.n / self.total))
+                return out
+
+        progress(f"downloading {repo}", None)
+        try:
+            snapshot_download(repo, tqdm_class=Reporter)
+        except Exception as exc:  # hub errors have long reprs; name the repo and the fix
+            name = type(exc).__name__
+            if "Connect" in name or "Offline" in name or "Timeout" in name:
+                raise ConnectionError(OFFLINE_HELP.format(what=repo)) from exc
+            raise ConnectionError(
+                f"Downloading {repo} failed ({name}: {exc}). Check the id and your access "
+                "(gated repos need `huggingface-cli login`)."
+            ) from exc

@@ -1,0 +1,311 @@
+"""The main screen: transcript, prompt, live sidebar; drives one reply at a time."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label, ProgressBar, Static
+
+from dflash_tui.messages import EngineFailed, EngineProgress, EngineReady, ReplyFinished, SpanBatch
+from dflash_tui.widgets.prompt import PromptInput
+from dflash_tui.widgets.sidebar import SpeedLine, StatsSidebar
+from dflash_tui.widgets.transcript import MessageView, Transcript
+from dflash_tui.worker import GenerateJob
+
+if TYPE_CHECKING:
+    from dflash_tui.app import DFlashChatApp
+
+FLUSH_INTERVAL = 0.5  # seconds between DB writes of a streaming reply (kill -9 loses < 1 s)
+COMPACT_WIDTH = 90  # below this many columns the sidebar folds into the speed line
+
+
+class ChatScreen(Screen):
+    app: DFlashChatApp
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply", id="chat.stop", priority=True),
+        Binding("ctrl+y", "copy_last", "Copy reply", id="chat.copy_last"),
+        Binding("ctrl+t", "toggle_colours", "Draft colours", id="chat.toggle_colours"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar"),
+        Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact"),
+    ]
+
+    DEFAULT_CSS = """
+    ChatScreen #main { width: 1fr; }
+    ChatScreen #loading { height: auto; padding: 0 1; display: none; }
+    ChatScreen #loading.visible { display: block; }
+    ChatScreen #loading ProgressBar { width: 1fr; }
+    ChatScreen.compact StatsSidebar, ChatScreen.no-sidebar StatsSidebar { display: none; }
+    ChatScreen.compact SpeedLine, ChatScreen.no-sidebar SpeedLine { display: block; }
+    ChatScreen PromptInput { margin: 0 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.request_id = 0
+        self.active: GenerateJob | None = None
+        self.reply_view: MessageView | None = None
+        self.reply_db_id: int | None = None
+        self._last_flush = 0.0
+        self._auto_compact = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with Vertical(id="main"):
+                yield Transcript(id="transcript")
+                with Vertical(id="loading"):
+                    yield Label("", id="loading-text")
+                    yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
+                yield SpeedLine(id="speed")
+                yield PromptInput(id="prompt")
+            yield StatsSidebar(id="sidebar")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        s = self.app.settings
+        self.set_class(not s.show_sidebar, "no-sidebar")
+        self.set_class(s.compact, "compact")
+        self.query_one(StatsSidebar).set_legend(s.draft_colours)
+        self.query_one(SpeedLine).show_stats(None)
+        self.query_one(PromptInput).focus()
+        await self.show_conversation(self.app.start_conversation)
+
+    def on_resize(self) -> None:
+        narrow = self.size.width < COMPACT_WIDTH
+        if narrow != self._auto_compact:
+            self._auto_compact = narrow
+            self.set_class(narrow or self.app.settings.compact, "compact")
+
+    # conversation loading -------------------------------------------------------------------
+
+    async def show_conversation(self, conversation_id: int | None) -> None:
+        """Replace the transcript with a stored conversation (None: an empty new chat)."""
+        await self._abandon_reply()
+        transcript = self.query_one(Transcript)
+        await transcript.remove_children()
+        store = self.app.store
+        conv = store.get_conversation(conversation_id) if conversation_id else None
+        self.app.conversation_id = conv.id if conv else None
+        self.app.sub_title = conv.title if conv else "New chat"
+        views = []
+        if conv is not None:
+            for m in store.messages(conv.id):
+                view = MessageView(m.role, m.content, m.status)
+                view.message_id = m.id
+                if m.stats:
+                    view.footer_text = _footer(m.stats)
+                views.append(view)
+        if views:
+            await transcript.mount_all(views)
+            for view in views:
+                view.set_footer(view.footer_text)
+                view.set_colours(self.app.settings.draft_colours)
+        else:
+            await transcript.mount(
+                Static(
+                    "Type a message and press Enter. F2 picks a model pair, Ctrl+L lists "
+                    "conversations, F1 shows every key.",
+                    id="empty",
+                )
+            )
+        transcript.anchor()
+        self.query_one(StatsSidebar).reset()
+        self.query_one(SpeedLine).show_stats(None)
+
+    # sending --------------------------------------------------------------------------------
+
+    @on(PromptInput.Submitted)
+    async def on_prompt_submitted(self, event: PromptInput.Submitted) -> None:
+        if self.active is not None:
+            self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
+            return
+        event.prompt.clear()
+        await self.send(event.text)
+
+    async def send(self, text: str) -> None:
+        app = self.app
+        store = app.store
+        if app.conversation_id is None:
+            conv = store.create_conversation(
+                _title_from(text),
+                system_prompt=app.settings.system_prompt,
+                max_tokens=app.settings.max_tokens,
+                block_size=app.settings.block_size,
+            )
+            app.conversation_id = conv.id
+            app.sub_title = conv.title
+        cid = app.conversation_id
+        conv = store.get_conversation(cid)
+        assert conv is not None
+        # The user turn is committed before the engine sees it: a crash cannot lose it.
+        user_row = store.add_message(cid, "user", text)
+        transcript = self.query_one(Transcript)
+        user_view = MessageView("user", text)
+        user_view.message_id = user_row.id
+        await transcript.add(user_view)
+
+        prompt = self._prompt_for(cid, conv.system_prompt)
+        reply_row = store.add_message(cid, "assistant", "", status="streaming")
+        view = MessageView("assistant", "", "streaming")
+        view.message_id = reply_row.id
+        await transcript.add(view)
+        view.set_colours(app.settings.draft_colours)
+        transcript.anchor()
+
+        self.request_id += 1
+        self.reply_view, self.reply_db_id = view, reply_row.id
+        self._last_flush = time.monotonic()
+        self.query_one(StatsSidebar).reset()
+        max_tokens = conv.max_tokens or app.settings.max_tokens
+        block_size = conv.block_size if conv.block_size is not None else app.settings.block_size
+        self.active = app.worker.submit_generate(
+            GenerateJob(self.request_id, prompt, max_tokens, block_size)
+        )
+
+    def _prompt_for(self, conversation_id: int, system_prompt: str | None) -> list[dict[str, str]]:
+        prompt = []
+        if system_prompt:
+            prompt.append({"role": "system", "content": system_prompt})
+        for m in self.app.store.messages(conversation_id):
+            if m.role in ("user", "assistant") and m.content.strip():
+                prompt.append({"role": m.role, "content": m.content})
+        return prompt
+
+    # engine events --------------------------------------------------------------------------
+
+    async def on_span_batch(self, batch: SpanBatch) -> None:
+        if self.active is None or batch.request_id != self.active.request_id:
+            return  # a batch that raced with Esc: the reply is already final
+        assert self.reply_view is not None
+        await self.reply_view.append(batch.text, batch.segments)
+        self.query_one(StatsSidebar).update_stats(batch.stats, batch.cycle_tokens)
+        self.query_one(SpeedLine).show_stats(batch.stats)
+        now = time.monotonic()
+        if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
+            self.app.store.update_message(self.reply_db_id, self.reply_view.content)
+            self._last_flush = now
+
+    async def on_reply_finished(self, event: ReplyFinished) -> None:
+        if self.active is None or event.request_id != self.active.request_id:
+            return
+        status = "length" if event.finish_reason == "length" else "done"
+        if event.finish_reason == "cancelled":
+            status = "stopped"
+        footer = _footer(event.summary) if event.summary else ""
+        await self._finish_reply(status, footer, event.summary)
+
+    async def on_engine_failed(self, event: EngineFailed) -> None:
+        if event.during == "generate":
+            if self.active is not None and event.request_id == self.active.request_id:
+                await self._finish_reply("error", event.error, {})
+            self._show_error(event.error)
+        else:
+            self._hide_loading()
+            self.query_one(StatsSidebar).set_info(None, "not loaded (see error)")
+            self._show_error(event.error)
+
+    def on_engine_progress(self, event: EngineProgress) -> None:
+        box = self.query_one("#loading")
+        box.add_class("visible")
+        self.query_one("#loading-text", Label).update(event.text)
+        bar = self.query_one("#loading-bar", ProgressBar)
+        if event.fraction is None:
+            bar.update(total=None)
+        else:
+            bar.update(total=1.0, progress=event.fraction)
+
+    def on_engine_ready(self, event: EngineReady) -> None:
+        self._hide_loading()
+        self.query_one(StatsSidebar).set_info(event.info)
+        self.notify(f"Loaded {event.info.get('target')} + {event.info.get('draft')}", timeout=3)
+
+    def _hide_loading(self) -> None:
+        self.query_one("#loading").remove_class("visible")
+
+    def _show_error(self, error: str) -> None:
+        self.notify(error, title="Problem", severity="error", timeout=10)
+        notice = Static(error, classes="notice")
+        transcript = self.query_one(Transcript)
+        self.call_later(transcript.add, notice)
+
+    async def _finish_reply(self, status: str, footer: str, summary: dict[str, Any]) -> None:
+        view, db_id = self.reply_view, self.reply_db_id
+        self.active, self.reply_view, self.reply_db_id = None, None, None
+        if view is None:
+            return
+        await view.finish(status, footer if status != "error" else f"✗ {footer}")
+        if db_id is not None:
+            self.app.store.update_message(db_id, view.content, status=status, stats=summary)
+
+    async def _abandon_reply(self) -> None:
+        if self.active is not None:
+            self.app.worker.cancel(self.active.request_id)
+            await self._finish_reply("stopped", "stopped", {})
+
+    # actions --------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            # Only claim Esc while a reply streams, so modals and the input keep their own Esc.
+            return self.active is not None
+        return True
+
+    async def action_stop(self) -> None:
+        """Stop at once: the UI finalises now; late batches from the engine are ignored."""
+        if self.active is None:
+            return
+        self.app.worker.cancel(self.active.request_id)
+        await self._finish_reply("stopped", "stopped by you (Esc)", {})
+
+    def action_copy_last(self) -> None:
+        replies = [v for v in self.query_one(Transcript).messages() if v.role == "assistant"]
+        if not replies:
+            self.notify("Nothing to copy yet.", timeout=2)
+            return
+        replies[-1].action_copy()
+
+    def action_toggle_colours(self) -> None:
+        s = self.app.settings
+        s.draft_colours = not s.draft_colours
+        for view in self.query(MessageView):
+            view.set_colours(s.draft_colours)
+        self.query_one(StatsSidebar).set_legend(s.draft_colours)
+        self.app.save_settings()
+
+    def action_toggle_sidebar(self) -> None:
+        s = self.app.settings
+        s.show_sidebar = not s.show_sidebar
+        self.set_class(not s.show_sidebar, "no-sidebar")
+        self.app.save_settings()
+
+    def action_toggle_compact(self) -> None:
+        s = self.app.settings
+        s.compact = not s.compact
+        self.set_class(s.compact or self._auto_compact, "compact")
+        self.app.save_settings()
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line[:48] + ("…" if len(line) > 48 else "")
+
+
+def _footer(summary: dict[str, Any]) -> str:
+    if not summary:
+        return ""
+    parts = [f"{summary.get('tokens', 0)} tokens", f"{summary.get('tok_s', 0):.1f} tok/s"]
+    if summary.get("speculative", True):
+        parts += [
+            f"acceptance {summary.get('acceptance', 0):.0%}",
+            f"{summary.get('tokens_per_cycle', 0):.2f} tokens/cycle",
+        ]
+    elif summary.get("fallback_reason"):
+        parts.append(f"target only: {summary['fallback_reason']}")
+    return " · ".join(parts)

@@ -1,0 +1,117 @@
+"""List, open, create, rename, delete and search conversations."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Input, Label
+
+from dflash_tui.screens.modals import Confirm, TextPrompt
+
+if TYPE_CHECKING:
+    from dflash_tui.app import DFlashChatApp
+
+NEW = -1  # dismiss value meaning "start a new conversation"
+
+
+class ConversationsScreen(ModalScreen[int | None]):
+    app: DFlashChatApp
+
+    DEFAULT_CSS = """
+    ConversationsScreen { align: center middle; }
+    ConversationsScreen > Vertical { width: 90%; height: 80%; border: thick $accent;
+        background: $surface; padding: 0 1; }
+    ConversationsScreen .title { text-style: bold; padding: 1 0 0 0; }
+    ConversationsScreen DataTable { height: 1fr; }
+    """
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close", id="conversations.close"),
+        Binding("n", "new", "New", id="conversations.new"),
+        Binding("r", "rename", "Rename", id="conversations.rename"),
+        Binding("d", "delete", "Delete", id="conversations.delete"),
+        Binding("slash", "search", "Search", id="conversations.search"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Conversations  (Enter opens)", classes="title")
+            yield Input(placeholder="Search titles and messages…", id="search")
+            yield DataTable(cursor_type="row", zebra_stripes=True, id="list")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("Title", "Messages", "Updated")
+        self.reload()
+        table.focus()
+
+    def reload(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        store = self.app.store
+        for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
+            count = len(store.messages(conv.id))
+            when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
+            table.add_row(conv.title, str(count), when, key=str(conv.id))
+
+    def _selected(self) -> int | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        return int(key.value) if key.value is not None else None
+
+    @on(Input.Changed, "#search")
+    def search_changed(self) -> None:
+        self.reload()
+
+    @on(Input.Submitted, "#search")
+    def search_done(self) -> None:
+        self.query_one(DataTable).focus()
+
+    @on(DataTable.RowSelected)
+    def open_row(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(int(event.row_key.value))  # type: ignore[arg-type]
+
+    def action_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    def action_new(self) -> None:
+        self.dismiss(NEW)
+
+    def action_rename(self) -> None:
+        cid = self._selected()
+        if cid is None:
+            return
+        conv = self.app.store.get_conversation(cid)
+
+        def done(title: str | None) -> None:
+            if title is not None:
+                self.app.store.rename_conversation(cid, title)
+                if cid == self.app.conversation_id:
+                    self.app.sub_title = title
+                self.reload()
+
+        self.app.push_screen(TextPrompt("Rename conversation", conv.title if conv else ""), done)
+
+    def action_delete(self) -> None:
+        cid = self._selected()
+        if cid is None:
+            return
+        conv = self.app.store.get_conversation(cid)
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.app.store.delete_conversation(cid)
+                self.reload()
+                if cid == self.app.conversation_id:
+                    self.app.call_later(self.app.open_conversation, None)
+
+        title = conv.title if conv else str(cid)
+        self.app.push_screen(Confirm(f"Delete “{title}”? This cannot be undone."), done)

@@ -1,0 +1,62 @@
+"""Every key binding, read from the bindings themselves so it never drifts."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Label
+
+
+def binding_rows() -> list[tuple[str, str, str, str]]:
+    from dflash_tui.app import DFlashChatApp
+    from dflash_tui.screens.chat import ChatScreen
+    from dflash_tui.screens.conversations import ConversationsScreen
+    from dflash_tui.screens.modals import SettingsScreen
+    from dflash_tui.screens.picker import PickerScreen
+    from dflash_tui.widgets.transcript import MessageView
+
+    rows = [("app.command_palette", "ctrl+p", "Command palette", "everywhere")]
+    rows.append(("prompt.send", "enter", "Send message", "prompt"))
+    rows.append(("prompt.newline", "shift+enter / ctrl+j", "Insert newline", "prompt"))
+    for where, cls in (
+        ("everywhere", DFlashChatApp),
+        ("chat", ChatScreen),
+        ("focused message", MessageView),
+        ("conversations", ConversationsScreen),
+        ("model picker", PickerScreen),
+        ("settings", SettingsScreen),
+    ):
+        for b in cls.BINDINGS:
+            if isinstance(b, Binding) and b.id:
+                rows.append((b.id, b.key, b.description, where))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: 90; height: 85%; border: thick $accent; background: $surface;
+        padding: 0 1; }
+    HelpScreen .title { text-style: bold; padding: 1 0; }
+    HelpScreen DataTable { height: 1fr; }
+    """
+    BINDINGS = [
+        Binding("escape", "dismiss", "Close", id="help.close"),
+        Binding("f1", "dismiss", "Close", show=False, id="help.close_f1"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(
+                "dflash-chat keys  (Esc closes; rebind by id in the config keymap)", classes="title"
+            )
+            yield DataTable(cursor_type="row", id="keys")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("Binding id", "Key", "Action", "Where")
+        for row in binding_rows():
+            table.add_row(*row)
+        table.focus()
