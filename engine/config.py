@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 MIN_BLOCK_SIZE = 2
 MAX_BLOCK_SIZE = 16
 
@@ -26,17 +28,17 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         bs = self.draft_block_size
         if bs is not None and not (MIN_BLOCK_SIZE <= bs <= MAX_BLOCK_SIZE):
-            raise ValueError(
+            raise ConfigError(
                 f"draft_block_size={bs} is out of range: use {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} "
                 "(or None for the checkpoint's own block size)"
             )
         if self.max_ctx < 16:
-            raise ValueError(f"max_ctx={self.max_ctx} is too small: use at least 16 tokens")
+            raise ConfigError(f"max_ctx={self.max_ctx} is too small: use at least 16 tokens")
         if self.prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk={self.prefill_chunk} must be at least 1")
+            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be at least 1")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(
+            raise ConfigError(
                 f"dtype={self.dtype!r} is not supported: use float32, bfloat16, float16 or None"
             )
         if self.kernels not in ("auto", "portable"):
-            raise ValueError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")
+            raise ConfigError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")

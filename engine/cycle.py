@@ -7,8 +7,9 @@ Every committed token is the target's greedy argmax, so output equals plain gree
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten

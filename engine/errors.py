@@ -23,3 +23,7 @@ class PairingError(DFlashError):
 
 class PromptError(DFlashError):
     """A prompt the engine cannot use (empty, wrong type, no chat template)."""
+
+
+class ConfigError(DFlashError, ValueError):
+    """A setting out of range (block size, max_ctx, dtype)."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,7 +37,7 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:  # pragma: no cover - declared dependency
-        raise ModelNotAvailable("huggingface-hub is not installed: pip install huggingface-hub") from exc
+        raise ModelNotAvailable("huggingface-hub is missing: pip install huggingface-hub") from exc
     try:
         return Path(snapshot_download(model_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
     except Exception:

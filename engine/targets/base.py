@@ -6,7 +6,8 @@ model's own modules and caches, so the output is exactly the model's own.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -1,0 +1,129 @@
+"""`dflash generate | models | benchmark | train-draft`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import DFlashError
+
+
+def _json_arg(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            "must be a JSON object, e.g. '{\"enable_thinking\": false}'"
+        )
+    return value
+
+
+def generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="stream a reply, then one stats line")
+    p.add_argument("--model", default=None,
+                   help="target id or folder (default: the offline SmolLM2-135M-Instruct pair)")
+    p.add_argument("--draft", default=None, help="draft id or folder (default: the registry's)")
+    p.add_argument("--prompt", required=True, help="the user message")
+    p.add_argument("--raw", action="store_true", help="send --prompt as raw text, no chat template")
+    p.add_argument("--system", default=None, help="a system message")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
+    p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
+    p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
+    p.add_argument("--chat-template-args", type=_json_arg, default=None,
+                   help="JSON object passed to the chat template")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .config import DFlashConfig
+    from .events import Finished
+    from .runtime import DFlashRuntime
+
+    err = Console(stderr=True)
+    config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx)
+    with err.status("loading model pair") as status:
+        rt = DFlashRuntime.from_pretrained(
+            model=args.model, draft=args.draft, config=config,
+            progress=lambda message, _fraction: status.update(message),
+        )
+    if args.raw:
+        prompt = args.prompt
+    else:
+        prompt = ([{"role": "system", "content": args.system}] if args.system else [])
+        prompt.append({"role": "user", "content": args.prompt})
+    result = None
+    for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
+                                    speculative=not args.no_speculative,
+                                    chat_template_args=args.chat_template_args):
+        if isinstance(event, Finished):
+            result = event.result
+        else:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    assert result is not None
+    line = (f"{result.total_tokens} tokens, {result.tokens_per_second:.1f} tok/s, "
+            f"ttft {result.ttft_s * 1000:.0f} ms")
+    if result.speculative:
+        line += (f", acceptance {result.acceptance_rate:.1%}, "
+                 f"tokens/cycle {result.tokens_per_cycle:.2f} (block {result.block_size})")
+    elif result.fallback_reason:
+        line += f" [speculation off: {result.fallback_reason}]"
+    err.print(f"[dim]{line}[/dim]", highlight=False)
+    return 0
+
+
+def run_models(_args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .registry import list_pairs, pair_status
+
+    table = Table(title="DFlash model pairs")
+    for column in ("target", "draft", "family", "status", "note"):
+        table.add_column(column)
+    for pair in list_pairs():
+        table.add_row(pair.target, pair.draft, pair.family, pair_status(pair), pair.note)
+    Console().print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from .blas import ensure_fast_blas
+
+    ensure_fast_blas(argv)
+    parser = argparse.ArgumentParser(prog="dflash", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    generate_parser(sub)
+    sub.add_parser("models", help="list the registered model pairs and what is cached")
+    sub.add_parser("benchmark", help="DFlash vs mlx_lm in one process (see --help)",
+                   add_help=False)
+    sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
+                   add_help=False)
+    if argv and argv[0] == "benchmark":
+        from .bench import benchmark_main
+
+        return benchmark_main(argv[1:])
+    if argv and argv[0] == "train-draft":
+        from .train import train_draft_main
+
+        return train_draft_main(argv[1:])
+    args = parser.parse_args(argv)
+    try:
+        return {"generate": run_generate, "models": run_models}[args.command](args)
+    except DFlashError as exc:
+        print(f"dflash: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The engine's promise: speculative output == the target's own greedy output, and the
+caches after every rollback equal those of plain decoding."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from engine import DFlashConfig, DFlashRuntime
+from engine.cycle import prefill, speculative_decode
+from engine.events import Finished, Span
+
+FAMILIES = ["llama", "qwen3", "qwen3_5"]
+PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
+
+
+def load(tiny_pairs, family, **config):
+    target, draft = tiny_pairs(family)
+    return DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                         config=DFlashConfig(**config))
+
+
+def mlx_lm_greedy(rt, ids, n):
+    return [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=n)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
+    rt = load(tiny_pairs, family)
+    for prompt in PROMPTS:
+        ids = rt.encode(prompt)
+        result = rt.generate(ids, max_tokens=200, no_eos=True)
+        assert result.speculative and result.cycles > 0
+        assert result.tokens == mlx_lm_greedy(rt, ids, 200), prompt
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block_size", [2, 5])
+def test_small_blocks_and_chunked_prefill_stay_lossless(tiny_pairs, family, block_size):
+    rt = load(tiny_pairs, family, draft_block_size=block_size, prefill_chunk=3)
+    ids = rt.encode("The quick brown fox jumps over the lazy dog.")
+    result = rt.generate(ids, max_tokens=60, no_eos=True)
+    assert max(result.cycle_tokens) <= block_size
+    assert result.tokens == mlx_lm_greedy(rt, ids, 60)
+
+
+def cache_tensors(cache):
+    """Comparable arrays of a target cache: KV up to offset, recurrent states whole."""
+    out = []
+    for c in cache:
+        if hasattr(c, "offset") and hasattr(c, "keys"):
+            k, v = c.keys_and_values()
+            out += [k, v]
+        else:
+            out += [a for a in c.state if a is not None]
+    return out
+
+
+def oracle(truth, error_at):
+    """Proposes the target's true continuation, wrong from draft slot `error_at` on."""
+
+    def propose(staged, size, position):
+        drafted = list(truth[position + 1: position + size])
+        drafted += [0] * (size - 1 - len(drafted))
+        if error_at < len(drafted):
+            drafted[error_at] = (drafted[error_at] + 1) % 50
+        return mx.array([[staged] + drafted])
+
+    return propose
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, family):
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Speculative decoding drafts tokens.")
+    truth_gen = mlx_lm_greedy(rt, ids, 70)
+    truth = ids + truth_gen  # truth[position] is the token at that position
+    for error_at in list(range(16)) + [16]:  # 16: every draft right (full acceptance)
+        cache, dcache = rt.target.make_cache(), rt.draft.make_cache()
+        commits = speculative_decode(rt.target, rt.draft, ids, 64, 16, 512, cache, dcache,
+                                     proposer=oracle(truth, error_at))
+        tokens = []
+        for commit in commits:
+            tokens += commit.tokens
+            if commit.cycle is not None:
+                assert commit.cycle.accepted == min(error_at, commit.cycle.block_size - 1)
+        assert tokens == truth_gen[:64], error_at
+        # The last committed token is staged (not yet in the cache): compare with a
+        # plain prefill of everything before it.
+        fed = ids + tokens[:-1]
+        ref = rt.target.make_cache()
+        prefill(rt.target, ref, fed, 512)
+        assert rt.target.cache_length(cache) == len(fed)
+        for got, want in zip(cache_tensors(cache), cache_tensors(ref)):
+            assert got.shape == want.shape
+            assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item(), error_at
+        # The draft's context cache holds exactly the committed tokens' projected features.
+        ref_d = rt.draft.make_cache()
+        prefill(rt.target, rt.target.make_cache(), fed, 512, rt.draft, ref_d)
+        for got, want in zip(dcache, ref_d):
+            assert got.offset == want.offset == len(fed)
+            gk, gv = got.keys_and_values()
+            wk, wv = want.keys_and_values()
+            assert mx.allclose(gk, wk, atol=1e-4).item() and mx.allclose(gv, wv, atol=1e-4).item()
+
+
+def test_stream_spans_mark_draft_and_target_tokens(tiny_pairs):
+    rt = load(tiny_pairs, "qwen3")
+    events = list(rt.stream_generate("Hello", max_tokens=30, no_eos=True))
+    assert isinstance(events[-1], Finished)
+    spans = [e for e in events if isinstance(e, Span)]
+    result = events[-1].result
+    assert [t for s in spans for t in s.tokens] == result.tokens
+    assert "".join(s.text for s in spans) == result.text
+    for s in spans:
+        if s.cycle is not None:
+            assert s.n_draft == s.cycle.accepted and len(s.tokens) == s.n_draft + 1
+            assert s.text.startswith(s.draft_text)
+    assert spans[-1].stats.generated == 30
+    assert result.acceptance_rate == pytest.approx(1 - result.cycles / result.total_tokens)
+
+
+def test_eos_stops_and_is_not_emitted(tiny_pairs):
+    rt = load(tiny_pairs, "qwen3")
+    ids = rt.encode("Hello world")
+    free = mlx_lm_greedy(rt, ids, 40)
+    eos = free[7]
+    rt.tokenizer._eos_token_ids = {eos}
+    try:
+        result = rt.generate(ids, max_tokens=40)
+    finally:
+        rt.tokenizer._eos_token_ids = {rt.tokenizer.eos_token_id}
+    assert result.finish_reason == "stop"
+    assert result.tokens == free[: free.index(eos)]
+
+
+def test_max_ctx_fallback_decodes_with_target_alone(tiny_pairs):
+    rt = load(tiny_pairs, "llama", max_ctx=32)
+    ids = rt.encode("Hello world")
+    result = rt.generate(ids, max_tokens=40, no_eos=True)
+    assert not result.speculative and "max_ctx" in result.fallback_reason
+    assert result.cycles == 0 and result.tokens == mlx_lm_greedy(rt, ids, 40)
+
+
+def test_plain_mode_is_mlx_lm_greedy(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("Hello world")
+    result = rt.generate(ids, max_tokens=25, no_eos=True, speculative=False)
+    assert not result.speculative and result.tokens == mlx_lm_greedy(rt, ids, 25)
+
+
+def test_chat_messages_use_the_template(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    messages = [{"role": "user", "content": "hi"}]
+    ids = rt.encode(messages)
+    assert rt.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    assert rt.generate(messages, max_tokens=5, no_eos=True).total_tokens == 5

@@ -1,0 +1,112 @@
+"""Draft checkpoints: both published config variants load; broken ones are refused clearly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+
+from engine import DFlashRuntime
+from engine.draft import DraftArgs, default_tap_ids
+from engine.errors import DraftCheckpointError, PairingError, UnsupportedModel
+from engine.loading import load_draft_folder, resolve_draft_id
+from engine.registry import default_pair, find_pair, pair_status
+
+
+@pytest.fixture
+def pair(tiny_pairs, tmp_path):
+    target, draft = tiny_pairs("llama")
+    copy = tmp_path / "draft"
+    shutil.copytree(draft, copy)
+    return target, copy
+
+
+def edit_config(draft_dir, change):
+    path = draft_dir / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+def test_both_published_config_variants_load(pair):
+    target, draft = pair
+    # Qwen3 / LLaMA-3.1 drafts: block_size top-level only.
+    edit_config(draft, lambda c: (c["dflash_config"].pop("block_size"), c.update(block_size=8)))
+    assert load_draft_folder(draft).args.block_size == 8
+    # Qwen3.5+ drafts: block_size inside dflash_config only.
+    edit_config(draft, lambda c: (c.pop("block_size"), c["dflash_config"].update(block_size=12)))
+    assert load_draft_folder(draft).args.block_size == 12
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    assert rt.block_size == 12
+
+
+def test_default_tap_ids_follow_the_documented_rule():
+    assert default_tap_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_tap_ids(32, 1) == [16]
+    args = DraftArgs.from_config({
+        "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 16, "num_target_layers": 36, "num_taps": 5,
+        "dflash_config": {"mask_token_id": 3},
+    })
+    assert args.target_layer_ids == [1, 9, 17, 25, 33] and args.block_size == 16
+
+
+def test_wrong_hidden_size_is_refused(pair):
+    target, draft = pair
+    edit_config(draft, lambda c: c.update(hidden_size=32))
+    with pytest.raises(PairingError, match="hidden sizes differ: draft 32, target 64"):
+        DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+
+
+def test_mask_id_out_of_range_is_refused(pair):
+    target, draft = pair
+    edit_config(draft, lambda c: c["dflash_config"].update(mask_token_id=10**6))
+    with pytest.raises(PairingError, match="mask_token_id 1000000 is outside the target"):
+        DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+
+
+def test_tap_ids_out_of_range_are_refused(pair):
+    target, draft = pair
+    edit_config(draft, lambda c: c["dflash_config"].update(target_layer_ids=[1, 9]))
+    with pytest.raises(PairingError, match=r"tap ids \[9\] are outside the target's 4 layers"):
+        DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+
+
+def test_missing_weights_are_refused(pair):
+    _, draft = pair
+    weights = mx.load(str(draft / "model.safetensors"))
+    weights.pop("layers.1.mlp.up_proj.weight")
+    mx.save_safetensors(str(draft / "model.safetensors"), weights)
+    with pytest.raises(DraftCheckpointError, match="weights missing for layers.1.mlp.up_proj"):
+        load_draft_folder(draft)
+
+
+def test_corrupt_weights_are_refused(pair):
+    _, draft = pair
+    (draft / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(DraftCheckpointError, match="unreadable or corrupt"):
+        load_draft_folder(draft)
+
+
+def test_missing_config_and_missing_fields_are_refused(pair):
+    _, draft = pair
+    edit_config(draft, lambda c: c["dflash_config"].pop("mask_token_id"))
+    with pytest.raises(DraftCheckpointError, match="lacks dflash_config.mask_token_id"):
+        load_draft_folder(draft)
+    (draft / "config.json").unlink()
+    with pytest.raises(DraftCheckpointError, match="has no config.json"):
+        load_draft_folder(draft)
+
+
+def test_registry_lookup_ignores_org_and_case():
+    assert find_pair("qwen3.5-9b").draft == "z-lab/Qwen3.5-9B-DFlash"
+    assert find_pair("SomeOrg/QWEN3-8B").draft == "z-lab/Qwen3-8B-DFlash-b16"
+    assert default_pair().bundled and pair_status(default_pair()) == "bundled"
+
+
+def test_unregistered_target_without_draft_is_refused_with_the_list():
+    with pytest.raises(UnsupportedModel) as info:
+        resolve_draft_id("acme/unknown-7b", None)
+    assert "Qwen/Qwen3.5-9B" in str(info.value) and "--draft" in str(info.value)
