@@ -9,10 +9,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import DFlashConfig
+from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, plain_decode, speculative_decode
 from .draft import DFlashDraft
-from .errors import PromptError
+from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .loading import Progress, load_draft, load_target, make_adapter, pick_dtype
 from .registry import DEFAULT_TARGET
@@ -102,11 +102,17 @@ class DFlashRuntime:
 
     # -- generation --------------------------------------------------------------------
     def stream_generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
-                        speculative: bool = True, chat_template_args: dict | None = None
-                        ) -> Iterator[Span | Finished]:
-        """Yields a Span per committed group of tokens, then one Finished."""
+                        speculative: bool = True, chat_template_args: dict | None = None,
+                        block_size: int | None = None) -> Iterator[Span | Finished]:
+        """Yields a Span per committed group of tokens, then one Finished.
+        `block_size` overrides the runtime's for this call (2..16)."""
         if max_tokens < 1:
             raise PromptError(f"max_tokens={max_tokens}: ask for at least 1 token.")
+        block_size = block_size or self.block_size
+        if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+            raise ConfigError(
+                f"block_size={block_size} is out of range: use {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}"
+            )
         ids = self.encode(prompt, chat_template_args)
         fallback = None
         if speculative and self.draft is None:
@@ -117,14 +123,15 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
-            commits = speculative_decode(self.target, self.draft, ids, max_tokens,
-                                         self.block_size, self.config.prefill_chunk)
+            commits = speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
+                                         self.config.prefill_chunk)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
-        return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback)
+        return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
-               use_draft: bool, fallback: str | None) -> Iterator[Span | Finished]:
+               use_draft: bool, fallback: str | None, block_size: int
+               ) -> Iterator[Span | Finished]:
         stop_ids = set() if no_eos else set(self.tokenizer.eos_token_ids)
         detok = self.tokenizer.detokenizer
         detok.reset()
@@ -172,7 +179,7 @@ class DFlashRuntime:
         result = GenerationResult(
             text=self.tokenizer.decode(tokens), tokens=tokens, prompt_tokens=len(ids),
             finish_reason=finish, speculative=use_draft, fallback_reason=fallback,
-            block_size=self.block_size, elapsed_s=end - start, prefill_s=first_at - start,
+            block_size=block_size, elapsed_s=end - start, prefill_s=first_at - start,
             ttft_s=first_at - start, decode_s=end - first_at, peak_memory_bytes=peak_memory(),
             cycle_tokens=cycle_tokens, cycle_profile=profile,
         )
@@ -190,10 +197,10 @@ class DFlashRuntime:
         )
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
-                 speculative: bool = True, chat_template_args: dict | None = None
-                 ) -> GenerationResult:
+                 speculative: bool = True, chat_template_args: dict | None = None,
+                 block_size: int | None = None) -> GenerationResult:
         for event in self.stream_generate(prompt, max_tokens, no_eos, speculative,
-                                          chat_template_args):
+                                          chat_template_args, block_size):
             if isinstance(event, Finished):
                 return event.result
         raise RuntimeError("stream ended without a result")  # pragma: no cover
