@@ -1,0 +1,152 @@
+"""GatedDeltaNet hybrids (qwen3_5, qwen3_5_moe, qwen3_next): attention + linear layers.
+
+Attention layers roll back by trimming their KVCache. Linear layers keep a recurrent
+state that cannot be trimmed, so a verify forward runs them through `_linear_verify`,
+which computes what mlx-lm's GatedDeltaNet computes while recording the state before
+the verify plus a per-step tape; `rollback` rebuilds the state of the kept prefix.
+Outside a verify (prefill, plain decode) the layers run as mlx-lm's own code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.gated_delta import compute_g, normalize_qk
+
+from ..kernels import GatedDeltaKernels, Tape, select
+from .base import TargetAdapter
+
+
+@dataclass
+class _LinearRecord:
+    """What one linear layer needs to roll back a verify."""
+
+    conv_state: mx.array  # [B, K-1, conv_dim] before the verify
+    state: mx.array  # [B, Hv, Dv, Dk] before the verify
+    qkv: mx.array  # [B, T, conv_dim] conv inputs of the verify steps
+    tape: Tape
+    inputs: tuple[mx.array, ...] | None  # (q, k, v, g, beta) for the re-run path
+
+
+class GatedDeltaAdapter(TargetAdapter):
+    family = "gated_delta"
+    model_types = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
+    def __init__(
+        self,
+        model: nn.Module,
+        enable_tape_replay: bool = True,
+        kernels: GatedDeltaKernels | None = None,
+    ):
+        super().__init__(model)
+        self.enable_tape_replay = enable_tape_replay
+        self.kernels = kernels or select()
+        self._kv_index = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
+        self._ssm_index = next(i for i, layer in enumerate(self.layers) if layer.is_linear)
+        self._records: dict[int, _LinearRecord] | None = None
+
+    def _first_kv_index(self) -> int:
+        return self._kv_index
+
+    def _masks(self, h: mx.array, cache: list[Any]) -> dict[str, Any]:
+        return {
+            "attention": create_attention_mask(h, cache[self._kv_index]),
+            "ssm": create_ssm_mask(h, cache[self._ssm_index]),
+        }
+
+    def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
+        if not layer.is_linear:
+            return layer(h, masks["attention"], cache=cache)
+        if self._records is None:
+            return layer(h, masks["ssm"], cache=cache)
+        # DecoderLayer.__call__ with the linear mixer swapped for the recording one.
+        r = self._linear_verify(
+            index, layer.linear_attn, layer.input_layernorm(h), masks["ssm"], cache
+        )
+        h = h + r
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    # -- verify / rollback -------------------------------------------------------------
+    def begin_verify(self, cache: list[Any]) -> None:
+        self._records = {}
+
+    def _linear_verify(self, index: int, attn: nn.Module, x: mx.array, mask, cache) -> mx.array:
+        """mlx-lm GatedDeltaNet.__call__ (both projection layouts), recording a tape."""
+        if mask is not None:
+            raise ValueError("verify forwards are batch-1 without padding masks")
+        if getattr(attn, "sharding_group", None) is not None:
+            raise ValueError("sharded GatedDeltaNet layers are not supported")
+        B, S, _ = x.shape
+        if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
+            q, k, v, z, b, a = attn.fix_query_key_value_ordering(
+                attn.in_proj_qkvz(x), attn.in_proj_ba(x)
+            )
+            qkv = mx.concatenate(
+                [q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1
+            )
+        else:  # qwen3_5
+            qkv = attn.in_proj_qkv(x)
+            z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
+            b = attn.in_proj_b(x)
+            a = attn.in_proj_a(x)
+
+        n_keep = attn.conv_kernel_size - 1
+        conv_state = cache[0]
+        if conv_state is None:
+            conv_state = mx.zeros((B, n_keep, attn.conv_dim), dtype=x.dtype)
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        cache[0] = mx.contiguous(conv_input[:, -n_keep:, :])
+        conv_out = nn.silu(attn.conv1d(conv_input))
+
+        q, k, v = [
+            t.reshape(B, S, h, d)
+            for t, h, d in zip(
+                mx.split(conv_out, [attn.key_dim, 2 * attn.key_dim], -1),
+                [attn.num_k_heads, attn.num_k_heads, attn.num_v_heads],
+                [attn.head_k_dim, attn.head_k_dim, attn.head_v_dim],
+                strict=True,
+            )
+        ]
+        q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+        beta = mx.sigmoid(b)
+        g = compute_g(attn.A_log, a, attn.dt_bias)
+        state = cache[1]
+        if state is None:
+            state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), mx.float32)
+
+        out, cache[1], tape = self.kernels.verify(q, k, v, g, beta, state)
+        cache.advance(S)
+        inputs = None if self.enable_tape_replay else (q, k, v, g, beta)
+        self._records[index] = _LinearRecord(conv_state, state, qkv, tape, inputs)
+
+        out = attn.norm(out, z)
+        return attn.out_proj(out.reshape(B, S, -1))
+
+    def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
+        """Keep the first `keep` of `verified` tokens: trim KV, rebuild linear states."""
+        records, self._records = self._records, None
+        drop = verified - keep
+        if drop <= 0:
+            return  # the verify's final states are already the kept ones
+        if records is None:
+            raise RuntimeError("rollback needs a forward after begin_verify")
+        for i, (layer, c) in enumerate(zip(self.layers, cache, strict=True)):
+            if not layer.is_linear:
+                c.trim(drop)
+                continue
+            rec = records[i]
+            n_keep = rec.conv_state.shape[1]
+            rows = mx.concatenate([rec.conv_state, rec.qkv[:, :keep]], axis=1)
+            c[0] = mx.contiguous(rows[:, -n_keep:, :])
+            c[1] = self._rebuild_state(rec, keep)
+
+    def _rebuild_state(self, rec: _LinearRecord, keep: int) -> mx.array:
+        if rec.inputs is None:
+            return self.kernels.replay(rec.state, rec.tape, keep)
+        # Reference path: re-run the recurrence on the kept steps' recorded inputs.
+        q, k, v, g, beta = (t[:, :keep] for t in rec.inputs)
+        return self.kernels.verify(q, k, v, g, beta, rec.state)[1]
