@@ -1,0 +1,64 @@
+"""Loop-aware draft metrics. Greedy replies of small targets often fall into loops, and a
+loop is trivial to draft, so tokens/cycle over a loop flatters the draft. Pure Python."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+LOOP_WINDOW = 64
+LOOP_THRESHOLD = 0.5
+
+DEFINITIONS = {
+    "repeat4_share": (
+        "share of the 4-grams of the generated tokens that already occurred earlier in the "
+        "same sequence (0 = no repeats, close to 1 = one long loop)"
+    ),
+    "loop_start": (
+        f"first token position p (0-based, in the generated tokens) where the repeat4_share of "
+        f"the trailing window tokens[max(0, p-{LOOP_WINDOW - 1}) : p+1] ({LOOP_WINDOW} tokens, "
+        f"fewer at the start) exceeds {LOOP_THRESHOLD}; null when no window does"
+    ),
+    "tokens_per_cycle_nonloop": (
+        "tokens/cycle over the cycles whose committed tokens all lie before loop_start (token 0 "
+        "comes from prefill, cycle k commits positions 1+sum(earlier cycles) onwards); every "
+        "cycle counts when there is no loop; null when no cycle qualifies"
+    ),
+}
+
+
+def repeated_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
+    """Share of the n-grams of `tokens` that already occurred earlier in the same sequence."""
+    total = len(tokens) - n + 1
+    if total <= 0:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    repeats = 0
+    for i in range(total):
+        gram = tuple(tokens[i:i + n])
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / total
+
+
+def loop_start(tokens: Sequence[int], window: int = LOOP_WINDOW,
+               threshold: float = LOOP_THRESHOLD, n: int = 4) -> int | None:
+    """First position p where the trailing window ending at p has repeated_ngram_share above
+    `threshold` (see DEFINITIONS["loop_start"]); None when the sequence never loops."""
+    for p in range(n, len(tokens)):
+        if repeated_ngram_share(tokens[max(0, p - window + 1):p + 1], n) > threshold:
+            return p
+    return None
+
+
+def nonloop_tokens_per_cycle(cycle_tokens: Sequence[int], start: int | None) -> float | None:
+    """Tokens/cycle over the cycles that end before `start` (all cycles when start is None)."""
+    if start is None:
+        kept = list(cycle_tokens)
+    else:
+        kept, position = [], 1  # position 0 is the prefill token
+        for committed in cycle_tokens:
+            if position + committed > start:  # this cycle reaches into the loop
+                break
+            kept.append(committed)
+            position += committed
+    return sum(kept) / len(kept) if kept else None

@@ -1,0 +1,126 @@
+"""`dflash benchmark` on the tiny random pair (CPU), plus the loop metrics by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import bench
+from engine.bench import BenchPrompt, benchmark_main, load_prompts, run_benchmark
+from engine.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+
+RUN_KEYS = {"prompt_id", "prompt_tokens", "baseline", "dflash", "speedup", "token_match",
+            "repeat4_share"}
+SIDE_KEYS = {"tokens_per_second", "decode_tokens_per_second", "prefill_s", "peak_memory_bytes",
+             "generated_tokens"}
+DFLASH_KEYS = {"acceptance_rate", "tokens_per_cycle", "tokens_per_cycle_nonloop", "loop_start",
+               "cycle_profile", "cycle_profile_per_cycle"}
+SUMMARY_KEYS = {"speedup_median", "tokens_per_cycle_mean", "token_match", "repeat4_share_mean",
+                "tokens_per_cycle_nonloop_mean"}
+TOP_KEYS = {"command", "timestamp", "machine", "backend", "dtype", "versions", "blas", "model",
+            "settings", "baseline_function", "prompt_format", "definitions", "runs", "summary"}
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    records = [{"question_id": 7, "turns": ["Hello! How can I help?", "second turn"]},
+               {"prompt": "def add(a, b):"}]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_benchmark_cli_writes_json_with_matching_tokens(tiny_pairs, prompt_file, tmp_path):
+    target, draft = tiny_pairs("llama")
+    out = tmp_path / "nested" / "report.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt-file",
+                         str(prompt_file), "--max-tokens", "12", "--no-eos", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report.keys() >= TOP_KEYS and report["summary"].keys() >= SUMMARY_KEYS
+    assert report["summary"]["token_match"] is True
+    assert report["baseline_function"] == "mlx_lm.generate.generate_step"
+    assert {"platform", "processor", "cpu_count", "memory_bytes", "gpu"} <= report[
+        "machine"].keys()
+    assert {"mlx", "mlx_lm", "dflash_engine", "python"} <= report["versions"].keys()
+    assert "loop_start" in report["definitions"]
+    assert [r["prompt_id"] for r in report["runs"]] == ["7", "1"]
+    for run in report["runs"]:
+        assert run.keys() >= RUN_KEYS and run["token_match"]
+        assert run["baseline"].keys() >= SIDE_KEYS
+        assert run["dflash"].keys() >= SIDE_KEYS | DFLASH_KEYS
+        assert run["baseline"]["generated_tokens"] == run["dflash"]["generated_tokens"] == 12
+        assert set(run["dflash"]["cycle_profile"]) == {"draft", "verify", "rollback"}
+
+
+def test_run_benchmark_python_api_with_eos_and_repeats(tiny_pairs):
+    from engine import DFlashConfig, DFlashRuntime
+
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(str(target), str(draft), DFlashConfig(draft_block_size=4))
+    report = run_benchmark(rt, ["What is 12 times 7?"], max_tokens=10, repeat=2, warmup=False)
+    assert report["baseline_function"] == "mlx_lm.stream_generate"
+    assert report["summary"]["token_match"] and report["settings"]["block_size"] == 4
+    assert len(report["runs"][0]["repeats"]) == 2
+
+
+def test_token_mismatch_exits_1(tiny_pairs, prompt_file, tmp_path, monkeypatch, capsys):
+    target, draft = tiny_pairs("llama")
+    real = bench.run_dflash
+
+    def broken(rt, ids, max_tokens, no_eos):
+        side, result = real(rt, ids, max_tokens, no_eos)
+        side.tokens = [t + 1 for t in side.tokens]
+        return side, result
+
+    monkeypatch.setattr(bench, "run_dflash", broken)
+    out = tmp_path / "bad.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                         "--max-tokens", "4", "--no-eos", "--no-warmup", "--json", str(out)])
+    assert rc == 1 and "correctness bug" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["summary"]["token_match"] is False and report["runs"][0]["first_mismatch"] == 0
+
+
+def test_repeated_ngram_share_by_hand():
+    assert repeated_ngram_share([]) == 0.0
+    assert repeated_ngram_share(list(range(10))) == 0.0
+    assert repeated_ngram_share([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
+    # A period-3 loop: 9 4-grams, the first 3 new, the other 6 repeats.
+    assert repeated_ngram_share([1, 2, 3] * 4) == pytest.approx(6 / 9)
+
+
+def test_loop_start_and_nonloop_tokens_per_cycle():
+    # 20 distinct tokens, then a period-3 loop. Window ending at p (< 64): p-2 4-grams, of
+    # which p-25 repeat; (p-25)/(p-2) > 0.5 first at p = 49.
+    tokens = list(range(20)) + [100, 101, 102] * 20
+    assert loop_start(tokens) == 49
+    assert loop_start(list(range(200))) is None
+    # Token 0 is prefill; cycles cover 1-2, 3-5, 6-9, 10-17: the last reaches position 10.
+    assert nonloop_tokens_per_cycle([2, 3, 4, 8, 8], 10) == pytest.approx(3.0)
+    assert nonloop_tokens_per_cycle([2, 3, 4, 8, 8], None) == pytest.approx(5.0)
+    assert nonloop_tokens_per_cycle([2, 3], 1) is None
+
+
+def test_missing_suite_file_is_a_clear_error(tmp_path, capsys):
+    assert benchmark_main(["--suite", "gsm8k", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "gsm8k_100.jsonl" in err and "Traceback" not in err
+    assert benchmark_main(["--suite", "nope", "--data-dir", str(tmp_path)]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+    assert benchmark_main(["--prompt-file", str(tmp_path / "none.jsonl")]) == 2
+    assert benchmark_main(["--suite", "gsm8k", "--data-dir", str(tmp_path / "x")]) == 2
+    assert benchmark_main(["--max-tokens", "5"]) == 2  # no prompt source
+    assert benchmark_main(["--prompt", "hi", "--repeat", "0"]) == 2
+
+
+def test_suites_read_shared_data(tmp_path, monkeypatch):
+    (tmp_path / "gsm8k_100.jsonl").write_text(json.dumps({"prompt": "2+2?", "id": "a"}) + "\n")
+    monkeypatch.setenv("DFLASH_EVAL_DATA", str(tmp_path))
+    prompts, fmt = load_prompts(suite="gsm8k")
+    assert prompts == [BenchPrompt("a", "2+2?")] and "chat message" in fmt
+    monkeypatch.delenv("DFLASH_EVAL_DATA")
+    if (bench.REPO_ROOT.parent / "shared" / "data" / "humaneval.jsonl.gz").is_file():
+        prompts, fmt = load_prompts(suite="humaneval", limit=2)
+        assert len(prompts) == 2 and prompts[0].text.startswith("Complete the following")
