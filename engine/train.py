@@ -1,0 +1,579 @@
+"""`dflash train-draft`: train a DFlash draft for any target the engine loads (MLX).
+
+The published recipe: the target answers a prompt set greedily (so the draft learns exactly
+what it will have to predict); per sequence, random anchors inside the response each start a
+block `[anchor token, mask x (B-1)]`; one draft forward handles every block of a batch under
+an explicit mask (a block sees the target context strictly before its anchor plus itself);
+the loss is cross-entropy on slots 1..B-1 with weights exp(-(k-1)/gamma). The target is
+frozen: its embedding and lm_head are borrowed, never trained, never saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .draft import DFlashDraft, DraftArgs, default_tap_ids
+from .targets.base import TargetAdapter
+
+GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+# -- configuration ------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    model: str
+    out: str
+    depth: int = 3
+    block_size: int = 16
+    taps: list[int] | int = 4
+    intermediate_size: int | None = None  # default: the target's
+    steps: int = 4000
+    batch: int = 16
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    anchors: int = 64
+    max_len: int = 256  # response tokens generated per prompt
+    num_prompts: int = 4000
+    prompt_seed: int = 0
+    data: str | None = None
+    resume: bool = False
+    checkpoint_every: int = 500
+    val_every: int = 250
+    val_size: int = 64
+    gen_batch: int = 256
+    gen_seconds: float | None = None  # stop generating new data after this long
+    train_seconds: float | None = None  # shrink the cosine schedule to fit this long
+    dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
+    save_dtype: str = "bfloat16"
+    mask_token_id: int | None = None
+    state_dir: str | None = None  # optimizer state for --resume (default OUT/resume)
+    log: str | None = None  # training log JSON (default OUT/train-log.json)
+    seed: int = 0
+    progress: bool = True
+
+    @property
+    def gamma(self) -> float:
+        return GAMMAS.get(self.block_size, 7.0 * self.block_size / 16)
+
+
+# -- the dataset: target-generated responses ----------------------------------------------
+@dataclass
+class Dataset:
+    sequences: list[list[int]]  # prompt + response token ids
+    prompt_lens: list[int]
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lens))
+
+    def save(self, path: Path) -> None:
+        lens = np.array([len(s) for s in self.sequences], dtype=np.int64)
+        flat = np.array([t for s in self.sequences for t in s], dtype=np.int32)
+        np.savez(path, tokens=flat, lengths=lens, prompt_lens=np.array(self.prompt_lens),
+                 meta=np.array(json.dumps(self.meta)))
+
+    @classmethod
+    def load(cls, path: Path) -> Dataset:
+        z = np.load(path)
+        ends = np.cumsum(z["lengths"])
+        flat = z["tokens"].tolist()
+        seqs = [flat[e - n:e] for e, n in zip(ends.tolist(), z["lengths"].tolist())]
+        return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
+
+    def split(self, n_val: int) -> tuple[Dataset, Dataset]:
+        n_val = min(n_val, len(self) // 5)
+        cut = len(self) - n_val
+        return (Dataset(self.sequences[:cut], self.prompt_lens[:cut], self.meta),
+                Dataset(self.sequences[cut:], self.prompt_lens[cut:], self.meta))
+
+
+def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
+    out = []
+    for messages in conversations:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+    return out
+
+
+def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,
+                     batch: int, seconds: float | None = None,
+                     on_done: Callable[[int], None] | None = None) -> Dataset:
+    """Greedy responses of the target, continuously batched (mlx-lm's BatchGenerator).
+    The stop token (EOS) stays in the response: the draft must learn to predict it too.
+    With `seconds`, generation stops there and keeps only finished responses."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+                         completion_batch_size=batch, prefill_batch_size=min(batch, 64))
+    uids = gen.insert(prompts, [max_new] * len(prompts))
+    by_uid = dict(zip(uids, range(len(prompts))))
+    tokens: dict[int, list[int]] = {u: [] for u in uids}
+    done: list[int] = []
+    start = time.perf_counter()
+    try:
+        while responses := gen.next_generated():
+            for r in responses:
+                tokens[r.uid].append(int(r.token))
+                if r.finish_reason is not None:
+                    done.append(r.uid)
+                    if on_done:
+                        on_done(1)
+            if seconds is not None and time.perf_counter() - start > seconds:
+                break
+    finally:
+        gen.close()
+    done.sort(key=by_uid.__getitem__)
+    keep = [u for u in done if len(tokens[u]) >= 2]  # an anchor needs a label after it
+    seqs = [prompts[by_uid[u]] + tokens[u] for u in keep]
+    return Dataset(seqs, [len(prompts[by_uid[u]]) for u in keep],
+                   {"generated": len(done), "seconds": time.perf_counter() - start,
+                    "max_new": max_new})
+
+
+# -- batches of blocks --------------------------------------------------------------------
+@dataclass
+class Batch:
+    tokens: mx.array  # [N, T] right-padded sequences (target input)
+    block: mx.array  # [N, A*B] block token ids: [anchor token, mask x (B-1)] per anchor
+    anchors: mx.array  # [N, A] absolute position of each block's first slot
+    labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
+    valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
+
+
+def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
+               mask_id: int, rng: np.random.Generator, pad_to: int = 32) -> Batch:
+    """Sample up to `n_anchors` distinct anchors per sequence inside its response. Short
+    responses repeat their first anchor with no loss, so every batch has one shape."""
+    B, A, N = block_size, n_anchors, len(idx)
+    longest = max(len(data.sequences[i]) for i in idx)
+    T = -(-longest // pad_to) * pad_to
+    tokens = np.zeros((N, T), np.int32)
+    anchors = np.zeros((N, A), np.int32)
+    real = np.zeros((N, A), bool)
+    for n, i in enumerate(idx):
+        seq, p = data.sequences[i], data.prompt_lens[i]
+        tokens[n, : len(seq)] = seq
+        cands = np.arange(p, len(seq) - 1)  # anchor + 1 must be a real token
+        pick = np.sort(rng.choice(cands, min(A, len(cands)), replace=False))
+        anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
+        real[n, : len(pick)] = True
+    lengths = np.array([len(data.sequences[i]) for i in idx])[:, None, None]
+    pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
+    valid = (pos < lengths) & real[:, :, None]
+    labels = np.take_along_axis(tokens, np.minimum(pos, T - 1).reshape(N, -1), 1).reshape(pos.shape)
+    block = np.full((N, A, B), mask_id, np.int32)
+    block[:, :, 0] = np.take_along_axis(tokens, anchors, 1)
+    return Batch(mx.array(tokens), mx.array(block.reshape(N, A * B)), mx.array(anchors),
+                 mx.array(labels), mx.array(valid.astype(np.float32)))
+
+
+def block_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
+    """The recipe's attention mask, bool [N, 1, A*B, ctx_len + A*B]: block a's queries see
+    context positions t < anchor_a and all B slots of block a (bidirectional), nothing else."""
+    N, A = anchors.shape
+    starts = mx.repeat(anchors, block_size, axis=1)  # [N, A*B]: each query's anchor
+    ctx = mx.arange(ctx_len)[None, None, :] < starts[:, :, None]
+    owner = mx.repeat(mx.arange(A), block_size)
+    own = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (N, A * block_size,
+                                                                         A * block_size))
+    return mx.concatenate([ctx, own], axis=-1)[:, None]
+
+
+def slot_weights(block_size: int, gamma: float) -> mx.array:
+    """exp(-(k-1)/gamma) for slots k = 1..B-1 (slot 0 carries the known token: no loss)."""
+    return mx.exp(-mx.arange(block_size - 1, dtype=mx.float32) / gamma)
+
+
+# -- the training forward: the draft's own modules under an explicit mask ------------------
+def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.array:
+    """RoPE at absolute positions anchor..anchor+B-1 for every block: fold the blocks into
+    the batch axis and give each its own offset."""
+    N, h, L, hd = x.shape
+    A = L // B
+    x = x.reshape(N, h, A, B, hd).transpose(0, 2, 1, 3, 4).reshape(N * A, h, B, hd)
+    x = rope(x, offset=anchors.reshape(-1))
+    return x.reshape(N, A, h, B, hd).transpose(0, 2, 1, 3, 4).reshape(N, h, L, hd)
+
+
+def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
+                     mask: mx.array) -> mx.array:
+    N, L, _ = x.shape
+    q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), attn.n_heads)),
+                     anchors, B)
+    k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), attn.n_kv_heads)),
+                     anchors, B)
+    v = attn._heads(attn.v_proj(x), attn.n_kv_heads)
+    ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
+    keys = mx.concatenate([ctx_k, k], axis=2)
+    values = mx.concatenate([ctx_v, v], axis=2)
+    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+
+
+def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
+                  mask: mx.array) -> mx.array:
+    """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
+    `block_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
+    if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
+        raise NotImplementedError("training sliding-window draft layers is not supported")
+    B = draft.args.block_size
+    ctx = draft.project_context(taps)
+    h = block_emb
+    for layer in draft.layers:
+        h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
+                                 mask)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return draft.norm(h)
+
+
+def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
+    """Frozen target features of whole sequences (one forward, no gradient)."""
+    _, taps = target.forward(tokens, target.make_cache(), tap_ids, last_only=True)
+    return mx.stop_gradient(taps)
+
+
+def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
+                taps: mx.array) -> mx.array:
+    """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
+    B = draft.args.block_size
+    N, A = batch.anchors.shape
+    mask = block_mask(batch.anchors, taps.shape[1], B)
+    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
+    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
+    return target.lm_head(hidden)
+
+
+def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+               weights: mx.array) -> mx.array:
+    logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+    picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
+    ce = mx.logsumexp(logits, axis=-1) - picked
+    w = batch.valid * weights
+    return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
+
+
+def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
+    """Simulated greedy acceptance: per block 1 + the run of correct argmax predictions
+    from slot 1 (exact for greedy data). -> (sum over real blocks, number of blocks)."""
+    hit = (mx.argmax(logits, axis=-1) == batch.labels) * batch.valid
+    run = mx.cumprod(hit, axis=-1).sum(axis=-1)
+    real = batch.valid[:, :, 0]
+    return float(((1 + run) * real).sum()), int(real.sum())
+
+
+# -- draft construction -------------------------------------------------------------------
+def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
+    """A token the data never contains: a `mask`-like special if there is one, else the
+    highest-id special token that is not EOS/BOS/pad or a chat marker."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    added = dict(getattr(hf, "added_tokens_encoder", {}) or {})
+    for text, i in added.items():
+        if "mask" in text.lower() and i < vocab_size:
+            return i
+    used = set(getattr(tokenizer, "eos_token_ids", []) or [])
+    for name in ("bos_token_id", "pad_token_id", "eos_token_id"):
+        if getattr(hf, name, None) is not None:
+            used.add(getattr(hf, name))
+    skip = ("im_start", "im_end", "endoftext", "bos", "eos", "pad")
+    free = [i for t, i in added.items()
+            if i not in used and i < vocab_size and not any(s in t.lower() for s in skip)]
+    return max(free) if free else vocab_size - 1
+
+
+def draft_args_for(target: TargetAdapter, cfg: TrainConfig, mask_id: int) -> DraftArgs:
+    targs, L = target.args, target.num_layers
+    taps = cfg.taps if isinstance(cfg.taps, list) else default_tap_ids(L, cfg.taps)
+    heads = int(getattr(targs, "num_attention_heads", 8))
+    kv = int(getattr(targs, "num_key_value_heads", None) or heads)
+    hd = int(getattr(targs, "head_dim", None) or target.hidden_size // heads)
+    return DraftArgs(
+        hidden_size=target.hidden_size, num_hidden_layers=cfg.depth,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd,
+        intermediate_size=cfg.intermediate_size or int(targs.intermediate_size),
+        num_target_layers=L, target_layer_ids=list(taps), mask_token_id=mask_id,
+        block_size=cfg.block_size, rms_norm_eps=float(getattr(targs, "rms_norm_eps", 1e-6)),
+        rope_theta=float(getattr(targs, "rope_theta", 10000.0) or 10000.0),
+        max_position_embeddings=int(getattr(targs, "max_position_embeddings", 8192) or 8192),
+        vocab_size=target.vocab_size,
+    )
+
+
+def save_checkpoint(draft: DFlashDraft, out: Path, dtype: mx.Dtype) -> None:
+    """The published layout: config.json + model.safetensors, no prefix, no embedding/head."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(draft.args.to_config(), indent=2))
+    weights = {k: v.astype(dtype) for k, v in tree_flatten(draft.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights,
+                        metadata={"format": "mlx", "producer": "dflash train-draft"})
+
+
+def save_state(optimizer: optim.Optimizer, draft: DFlashDraft, step: int, total: int,
+               state_dir: Path) -> None:
+    """Full-precision weights + optimizer moments, so --resume continues exactly."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(state_dir / "draft-fp32.safetensors"),
+                        dict(tree_flatten(draft.parameters())))
+    opt = {k: v for k, v in tree_flatten(optimizer.state) if isinstance(v, mx.array)}
+    mx.save_safetensors(str(state_dir / "optimizer.safetensors"), opt)
+    (state_dir / "step.json").write_text(json.dumps({"step": step, "total": total}))
+
+
+def load_state(optimizer: optim.Optimizer, draft: DFlashDraft, state_dir: Path) -> dict:
+    draft.load_weights(str(state_dir / "draft-fp32.safetensors"))
+    optimizer.state = tree_unflatten(list(mx.load(str(state_dir / "optimizer.safetensors"))
+                                          .items()))
+    return json.loads((state_dir / "step.json").read_text())
+
+
+def lr_at(step: int, total: int, peak: float, warmup_frac: float = 0.04) -> float:
+    """Linear warm-up over 4% of the steps, then cosine decay to zero."""
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = min(1.0, (step - warm) / max(1, total - warm))
+    return peak * 0.5 * (1 + math.cos(math.pi * t))
+
+
+# -- the loop -----------------------------------------------------------------------------
+def _progress(enabled: bool):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled)
+
+
+def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: TrainConfig,
+             weights: mx.array) -> dict:
+    """Loss and simulated tokens/cycle on held-out sequences (fixed anchors: comparable)."""
+    rng = np.random.default_rng(1234)
+    tpc_sum, blocks, loss_sum, n = 0.0, 0, 0.0, 0
+    for i in range(0, len(val), cfg.batch):
+        batch = make_batch(val, range(i, min(i + cfg.batch, len(val))), cfg.anchors,
+                           cfg.block_size, draft.args.mask_token_id, rng)
+        taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+        s, b = tokens_per_cycle(logits, batch)
+        tpc_sum, blocks = tpc_sum + s, blocks + b
+        picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
+        w = batch.valid * weights
+        loss_sum += float(((mx.logsumexp(logits, -1) - picked) * w).sum() / w.sum())
+        n += 1
+    return {"tokens_per_cycle": tpc_sum / max(blocks, 1), "loss": loss_sum / max(n, 1),
+            "blocks": blocks}
+
+
+def build_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, say: Callable) -> Dataset:
+    from .prompts import build_prompts
+
+    prompts = build_prompts(cfg.num_prompts, cfg.prompt_seed)
+    ids = encode_prompts(tokenizer, [m for _, m in prompts])
+    with _progress(cfg.progress) as bar:
+        task = bar.add_task("generating responses", total=len(ids))
+        data = generate_dataset(model, tokenizer, ids, cfg.max_len, cfg.gen_batch,
+                                cfg.gen_seconds, lambda k: bar.advance(task, k))
+    data.meta.update(prompts=len(prompts), prompt_seed=cfg.prompt_seed)
+    say(f"data: {len(data)} sequences, {data.response_tokens} response tokens in "
+        f"{data.meta['seconds']:.0f}s")
+    return data
+
+
+def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
+    """Generate (or load) data, train, checkpoint; -> the training log."""
+    from .loading import load_target
+    from .targets import adapter_for
+
+    t0 = time.perf_counter()
+    mx.random.seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_dir = Path(cfg.state_dir) if cfg.state_dir else out / "resume"
+    log_path = Path(cfg.log) if cfg.log else out / "train-log.json"
+    model, tokenizer, model_id = load_target(cfg.model, cfg.dtype)
+    model.freeze()
+    target = adapter_for(model)
+    say(f"target {model_id}: {target.num_layers} layers, hidden {target.hidden_size}")
+
+    data_path = Path(cfg.data) if cfg.data else out / "resume" / "data.npz"
+    if data_path.is_file():
+        data = Dataset.load(data_path)
+        say(f"data: reusing {data_path} ({len(data)} sequences)")
+    else:
+        data = build_data(model, tokenizer, cfg, say)
+        data_path.parent.mkdir(parents=True, exist_ok=True)
+        data.save(data_path)
+    gen_s = time.perf_counter() - t0
+    train_set, val_set = data.split(cfg.val_size)
+
+    mask_id = cfg.mask_token_id
+    if mask_id is None:
+        mask_id = pick_mask_token(tokenizer, target.vocab_size)
+    draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
+    weights = slot_weights(cfg.block_size, cfg.gamma)
+    optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
+    loss_and_grad = nn.value_and_grad(draft, lambda b, t: block_loss(draft, target, b, t,
+                                                                      weights))
+    step, total = 0, cfg.steps
+    if cfg.resume and (state_dir / "step.json").is_file():
+        optimizer.init(draft.trainable_parameters())
+        resumed = load_state(optimizer, draft, state_dir)
+        step, total = resumed["step"], resumed["total"]
+        say(f"resumed at step {step} of {total}")
+    n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
+    say(f"draft: {cfg.depth} layers, taps {draft.args.target_layer_ids}, "
+        f"{n_params / 1e6:.2f}M parameters, mask token {mask_id}")
+
+    rng = np.random.default_rng(cfg.seed + step)
+    log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
+                           "data": {**data.meta, "sequences": len(data),
+                                    "train_sequences": len(train_set),
+                                    "val_sequences": len(val_set),
+                                    "response_tokens": data.response_tokens,
+                                    "total_tokens": sum(len(s) for s in data.sequences)},
+                           "history": [], "val": [], "env": _env()}
+    order = rng.permutation(len(train_set))
+    cursor, epoch = 0, 0
+    train_start = time.perf_counter()
+    first_step = step
+    losses: list[float] = []
+    with _progress(cfg.progress) as bar:
+        task = bar.add_task("training", total=total, completed=step)
+        while step < total:
+            if cursor + cfg.batch > len(order):
+                order, cursor, epoch = rng.permutation(len(train_set)), 0, epoch + 1
+            idx = order[cursor:cursor + cfg.batch]
+            cursor += cfg.batch
+            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, rng)
+            taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+            optimizer.learning_rate = lr_at(step, total, cfg.lr)
+            loss, grads = loss_and_grad(batch, taps)
+            grads, norm = optim.clip_grad_norm(grads, 1.0)
+            optimizer.update(draft, grads)
+            mx.eval(loss, norm, draft.parameters(), optimizer.state)
+            step += 1
+            losses.append(float(loss))
+            if cfg.train_seconds and step - first_step == 10:
+                per_step = (time.perf_counter() - train_start) / 10
+                fits = first_step + int(cfg.train_seconds / per_step)
+                if fits < total:
+                    total = max(step + 1, fits)
+                    bar.update(task, total=total)
+                    say(f"{per_step * 1e3:.0f} ms/step: schedule shortened to {total} steps")
+            bar.update(task, advance=1, description=f"training loss {np.mean(losses[-20:]):.3f}")
+            if step % 10 == 0 or step == total:
+                log["history"].append({"step": step, "loss": float(np.mean(losses[-10:])),
+                                       "lr": lr_at(step - 1, total, cfg.lr), "grad_norm":
+                                       float(norm), "epoch": epoch,
+                                       "seconds": time.perf_counter() - train_start})
+            if step % cfg.val_every == 0 or step == total:
+                v = validate(draft, target, val_set, cfg, weights)
+                log["val"].append({"step": step, **v})
+                say(f"step {step}: loss {np.mean(losses[-50:]):.3f}  val loss {v['loss']:.3f}  "
+                    f"val tokens/cycle {v['tokens_per_cycle']:.2f}")
+            if step % cfg.checkpoint_every == 0 or step == total:
+                save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
+                save_state(optimizer, draft, step, total, state_dir)
+                _write_log(log, log_path, step, total, gen_s, train_start, t0)
+    final = validate(draft, target, val_set, cfg, weights)
+    log["final_val"] = final
+    _write_log(log, log_path, step, total, gen_s, train_start, t0)
+    say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f}, "
+        f"checkpoint {out}")
+    return log
+
+
+def _write_log(log: dict, path: Path, step: int, total: int, gen_s: float, train_start: float,
+               t0: float) -> None:
+    log.update(steps=step, total_steps=total, data_seconds=gen_s,
+               train_seconds=time.perf_counter() - train_start,
+               wall_seconds=time.perf_counter() - t0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(log, indent=1, default=str))
+
+
+def _env() -> dict:
+    import importlib.metadata as md
+
+    device = str(mx.default_device())
+    with contextlib.suppress(Exception):  # older MLX / no device info
+        device += f" ({mx.device_info().get('device_name', '')})"
+    return {"mlx": mx.__version__, "mlx_lm": md.version("mlx-lm"), "python":
+            platform.python_version(), "device": device, "machine": platform.machine()}
+
+
+# -- CLI ----------------------------------------------------------------------------------
+def _taps(text: str) -> list[int] | int:
+    return [int(t) for t in text.split(",")] if "," in text else int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig(model="", out="")
+    p = argparse.ArgumentParser(prog="dflash train-draft",
+                                description="Train a DFlash draft for a target (MLX).")
+    p.add_argument("--model", required=True, help="target id or folder (mlx-lm loadable)")
+    p.add_argument("--out", required=True, help="draft folder to write (published layout)")
+    p.add_argument("--depth", type=int, default=d.depth, help="draft layers")
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--taps", type=_taps, default=d.taps,
+                   help="number of tapped target layers, or an explicit list like 1,9,17")
+    p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: target's)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--anchors", type=int, default=d.anchors, help="blocks per sequence")
+    p.add_argument("--max-len", type=int, default=d.max_len,
+                   help="response tokens the target generates per prompt")
+    p.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    p.add_argument("--prompt-seed", type=int, default=d.prompt_seed)
+    p.add_argument("--data", help="dataset .npz to reuse (or to write, if missing)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--val-every", type=int, default=d.val_every)
+    p.add_argument("--val-size", type=int, default=d.val_size, help="held-out sequences")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch)
+    p.add_argument("--gen-seconds", type=float, help="time limit for data generation")
+    p.add_argument("--train-seconds", type=float, help="fit the schedule into this time")
+    p.add_argument("--dtype", default=d.dtype, help="target dtype")
+    p.add_argument("--save-dtype", default=d.save_dtype, choices=["float32", "bfloat16",
+                                                                  "float16"])
+    p.add_argument("--mask-token-id", type=int)
+    p.add_argument("--state-dir", help="optimizer state folder (default OUT/resume)")
+    p.add_argument("--log", help="training log JSON (default OUT/train-log.json)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def train_draft_main(argv: Sequence[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    train(TrainConfig(**args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(train_draft_main())

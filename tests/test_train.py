@@ -1,0 +1,187 @@
+"""`dflash train-draft` on tiny fixtures: mask, forward equivalence, learning, round trip."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.cycle import propose
+from engine.draft import DFlashDraft
+from engine.loading import load_draft_folder, load_target
+from engine.prompts import build_prompts
+from engine.runtime import DFlashRuntime
+from engine.targets import adapter_for
+from engine.testing import make_tiny_pair
+from engine.train import (
+    Batch,
+    Dataset,
+    TrainConfig,
+    block_loss,
+    block_mask,
+    build_parser,
+    make_batch,
+    slot_logits,
+    slot_weights,
+    target_taps,
+    tokens_per_cycle,
+    train,
+    train_forward,
+)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("train"))
+    model, tokenizer, _ = load_target(str(target_dir), "float32")
+    return target_dir, draft_dir, model, tokenizer
+
+
+def test_block_mask_matches_recipe():
+    # two blocks of B=4 at anchors 3 and 6, context of 8 tokens
+    m = block_mask(mx.array([[3, 6]]), ctx_len=8, block_size=4)[0, 0]
+    assert m.shape == (8, 8 + 8)
+    m = np.array(m)
+    # block 0 (queries 0..3): context 0,1,2 only (strictly before anchor 3)
+    assert m[0, :3].all() and not m[0, 3:8].any()
+    # block 1 (queries 4..7): context 0..5 only
+    assert m[5, :6].all() and not m[5, 6:8].any()
+    # each block sees all of its own slots, bidirectionally, and no other block
+    assert m[0, 8:12].all() and not m[0, 12:16].any()
+    assert m[7, 12:16].all() and not m[7, 8:12].any()
+    assert m[4, 15] and m[7, 12]  # the first slot sees the last and back
+    # identical rows inside a block
+    assert (m[4] == m[7]).all()
+
+
+def test_slot_weights_decay():
+    w = np.array(slot_weights(16, 7.0))
+    assert w.shape == (15,) and w[0] == 1.0
+    assert np.isclose(w[7], np.exp(-1.0))
+
+
+def test_training_forward_equals_inference(pair):
+    """One block through the masked training forward == DFlashDraft.__call__ after
+    append_context (same RoPE positions, same context, bidirectional block)."""
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    B, taps_ids = draft.args.block_size, draft.args.target_layer_ids
+    seq = mx.array([[5, 17, 40, 2, 99, 123, 7, 61, 88, 9, 33, 14]])
+    anchor = 7
+    taps = target_taps(target, seq, taps_ids)
+    block = mx.array([[int(seq[0, anchor])] + [draft.args.mask_token_id] * (B - 1)])
+    emb = target.embed(block)
+
+    cache = draft.make_cache()
+    draft.append_context(taps[:, :anchor], cache)
+    want = draft(emb, cache)
+
+    # the training forward sees the whole sequence's taps; the mask hides t >= anchor
+    anchors = mx.array([[anchor]])
+    got = train_forward(draft, taps, emb, anchors, block_mask(anchors, seq.shape[1], B))
+    assert mx.allclose(got, want, atol=1e-5).item()
+
+    # and two blocks in one forward do not see each other
+    anchors2 = mx.array([[3, anchor]])
+    block2 = mx.concatenate([mx.array([[int(seq[0, 3])] + [draft.args.mask_token_id] *
+                                       (B - 1)]), block], axis=1)
+    got2 = train_forward(draft, taps, target.embed(block2), anchors2,
+                         block_mask(anchors2, seq.shape[1], B))
+    assert mx.allclose(got2[:, B:], want, atol=1e-5).item()
+
+
+def test_make_batch_labels_and_anchors():
+    data = Dataset([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 8, 7]], [3, 2])
+    rng = np.random.default_rng(0)
+    b = make_batch(data, [0, 1], n_anchors=3, block_size=4, mask_id=0, rng=rng)
+    anchors, labels, valid = np.array(b.anchors), np.array(b.labels), np.array(b.valid)
+    tokens = np.array(b.tokens)
+    for n, (seq, p) in enumerate(zip(data.sequences, data.prompt_lens)):
+        for a in range(3):
+            pos = anchors[n, a]
+            assert p <= pos <= len(seq) - 2  # inside the response, with a label after it
+            for k in range(1, 4):
+                if valid[n, a, k - 1]:
+                    assert labels[n, a, k - 1] == seq[pos + k]
+                else:
+                    assert pos + k >= len(seq) or a >= len(seq) - 1 - p
+        assert list(tokens[n, : len(seq)]) == seq
+    assert np.array(b.block).reshape(2, 3, 4)[0, 0, 0] == data.sequences[0][anchors[0, 0]]
+
+
+def test_tokens_per_cycle_counts_the_correct_run():
+    labels = mx.array([[[5, 6, 7], [1, 2, 3]]])
+    valid = mx.ones((1, 2, 3))
+    batch = Batch(mx.zeros((1, 1)), mx.zeros((1, 1)), mx.zeros((1, 2)), labels, valid)
+    logits = mx.zeros((1, 2, 3, 10))
+    logits = logits + mx.eye(10)[mx.array([[[5, 6, 0], [9, 2, 3]]])]  # run 2, run 0
+    total, blocks = tokens_per_cycle(logits, batch)
+    assert blocks == 2 and total == (1 + 2) + (1 + 0)
+
+
+def test_few_steps_lower_the_loss(pair):
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    _, draft_dir, model, tokenizer = pair
+    target = adapter_for(model)
+    draft = DFlashDraft(load_draft_folder(draft_dir).args)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(4, 300, size=40).tolist() for _ in range(4)]
+    data = Dataset(seqs, [8] * 4)
+    batch = make_batch(data, range(4), 8, draft.args.block_size, draft.args.mask_token_id, rng)
+    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+    w = slot_weights(draft.args.block_size, 7.0)
+    step = nn.value_and_grad(draft, lambda: block_loss(draft, target, batch, taps, w))
+    opt = optim.AdamW(learning_rate=3e-3)
+    first = None
+    for _ in range(12):
+        loss, grads = step()
+        opt.update(draft, optim.clip_grad_norm(grads, 1.0)[0])
+        mx.eval(loss, draft.parameters(), opt.state)
+        first = float(loss) if first is None else first
+    assert float(loss) < first * 0.8
+    assert slot_logits(draft, target, batch, taps).shape[-2] == draft.args.block_size - 1
+
+
+def test_train_end_to_end_round_trips(pair, tmp_path):
+    """The CLI path: generate data, train, checkpoint in the published layout, resume, and the
+    checkpoint loads unchanged and drives DFlashRuntime losslessly."""
+    target_dir, _, model, tokenizer = pair
+    out = tmp_path / "draft"
+    argv = ["--model", str(target_dir), "--out", str(out), "--depth", "1", "--taps", "1,2",
+            "--steps", "6", "--batch", "4", "--anchors", "4", "--max-len", "12",
+            "--num-prompts", "24", "--gen-batch", "8", "--val-every", "3",
+            "--checkpoint-every", "3", "--val-size", "4", "--no-progress"]
+    log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+    assert log["steps"] == 6 and log["val"] and log["final_val"]["tokens_per_cycle"] >= 1.0
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 2]
+    weights = mx.load(str(out / "model.safetensors"))
+    assert not any("embed" in k or "lm_head" in k for k in weights)
+    assert "fc.weight" in weights and "layers.0.self_attn.q_proj.weight" in weights
+
+    data = Dataset.load(out / "resume" / "data.npz")
+    assert len(data) > 0 and all(p < len(s) for s, p in zip(data.sequences, data.prompt_lens))
+
+    argv2 = [a if a != "6" else "8" for a in argv] + ["--resume"]
+    log2 = train(TrainConfig(**vars(build_parser().parse_args(argv2))), say=lambda m: None)
+    assert log2["steps"] == 6  # resumed: the saved schedule (6 steps) was already done
+
+    draft = load_draft_folder(out)
+    rt = DFlashRuntime(model, tokenizer, draft)
+    prompt = [{"role": "user", "content": "What is 12 times 7?"}]
+    spec = rt.generate(prompt, max_tokens=20, no_eos=True)
+    plain = rt.generate(prompt, max_tokens=20, no_eos=True, speculative=False)
+    assert spec.tokens == plain.tokens and spec.speculative
+    assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
+
+
+def test_prompt_set_is_diverse_and_seeded():
+    a, b = build_prompts(2000, seed=3), build_prompts(2000, seed=3)
+    assert a == b and len({repr(m) for _, m in a}) == 2000
+    assert {c for c, _ in a} >= {"chat", "code", "maths", "writing", "explain", "multi_turn"}
