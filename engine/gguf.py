@@ -1,0 +1,369 @@
+"""Load a llama-architecture GGUF (llama.cpp's format) as an mlx-lm llama model + tokenizer.
+
+Weights are dequantized up front: on CPU, MLX's quantized matmuls are far slower than plain
+fp32 ones with a fast BLAS, and a small target model fits easily either way. F32/F16/Q4_0/Q4_1/
+Q8_0 tensors load through `mx.load` (fast); any other type (Q4_K, Q6_K, ...) goes through the
+`gguf` package's reference dequantizers, since MLX mis-reads or refuses those.
+
+The tokenizer is rebuilt from the GGUF metadata with transformers' GGUF converter (no torch) and
+written once as a tokenizer folder next to the GGUF, which mlx-lm then loads like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .errors import ModelNotAvailable, UnsupportedModel
+
+# ggml type ids: the ones `mx.load` reads correctly (Q4_0/Q4_1/Q8_0 as packed uint32 + scales).
+F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
+MLX_TYPES = {F32, F16, Q4_0, Q4_1, Q8_0}
+GROUP = 32  # block size of Q4_0/Q4_1/Q8_0
+TOKENIZER_VERSION = 1  # bump to rebuild cached tokenizer folders
+
+# GGUF metadata value types -> struct format (8 = string, 9 = array are handled apart).
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+           12: "d"}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+
+
+def load_gguf_target(path: Path, dtype: str | None = None) -> tuple[nn.Module, TokenizerWrapper]:
+    """An mlx-lm llama `Model` (weights dequantized to `dtype`) and its tokenizer.
+
+    `dtype=None`: float32 on CPU (fast with BLAS; fp16 has no fast CPU path), bfloat16 on GPU.
+    """
+    path = Path(path).expanduser()
+    metadata, types = read_header(path)
+    args = model_args(metadata, types, path)
+    target = getattr(mx, dtype) if dtype else default_dtype()
+    weights = load_weights(path, types, args, target)
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    model = Model(ModelArgs(**args))
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model, load_tokenizer(path, metadata)
+
+
+def default_dtype() -> mx.Dtype:
+    return mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------
+# Header
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """(metadata, {tensor name: ggml type}) read straight from the file, no tensor data."""
+    if not path.is_file():
+        raise ModelNotAvailable(f"{path}: no such GGUF file. Fix: check the path.")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse_header(buf)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise ModelNotAvailable(
+            f"{path}: not a readable GGUF file ({exc}). Fix: re-download it; a partial or "
+            "corrupt download looks like this."
+        ) from exc
+
+
+def _parse_header(buf: mmap.mmap) -> tuple[dict[str, Any], dict[str, int]]:
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    if magic != b"GGUF" or version < 2:
+        raise ValueError(f"bad magic {magic!r} or unsupported version {version}")
+    pos, metadata = 24, {}
+    for _ in range(n_kv):
+        key, pos = _string(buf, pos)
+        (vtype,), pos = struct.unpack_from("<I", buf, pos), pos + 4
+        metadata[key], pos = _value(buf, pos, vtype)
+    types = {}
+    for _ in range(n_tensors):
+        name, pos = _string(buf, pos)
+        (n_dims,) = struct.unpack_from("<I", buf, pos)
+        pos += 4 + 8 * n_dims
+        (types[name],) = struct.unpack_from("<I", buf, pos)
+        pos += 12  # type (u32) + data offset (u64)
+    return metadata, types
+
+
+def _string(buf: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, pos)
+    return buf[pos + 8 : pos + 8 + n].decode("utf-8"), pos + 8 + n
+
+
+def _value(buf: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
+    if vtype in _SCALAR:
+        fmt = "<" + _SCALAR[vtype]
+        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+    if vtype == 8:
+        return _string(buf, pos)
+    if vtype != 9:
+        raise ValueError(f"unknown metadata value type {vtype}")
+    etype, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if etype in _NUMPY:
+        arr = np.frombuffer(buf, dtype=_NUMPY[etype], count=count, offset=pos).copy()
+        return arr.tolist(), pos + arr.nbytes
+    items = []
+    for _ in range(count):
+        item, pos = _value(buf, pos, etype)
+        items.append(item)
+    return items, pos
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def model_args(metadata: dict[str, Any], types: dict[str, int], path: Path) -> dict[str, Any]:
+    """mlx-lm llama `ModelArgs` fields from `llama.*` metadata."""
+    arch = metadata.get("general.architecture")
+    if arch != "llama":
+        raise UnsupportedModel(
+            f"{path}: GGUF architecture {arch!r} is not supported (only 'llama': Llama, SmolLM, "
+            "TinyLlama, ...). Fix: use a llama-architecture GGUF or the model's HF safetensors."
+        )
+
+    def get(key: str, default: Any = None) -> Any:
+        value = metadata.get(f"llama.{key}", default)
+        if value is None:
+            raise UnsupportedModel(f"{path}: GGUF metadata lacks llama.{key}. Fix: re-convert it.")
+        return value
+
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    scaling = metadata.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise UnsupportedModel(f"{path}: rope scaling {scaling!r} is not supported.")
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    return dict(
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=get("block_count"),
+        intermediate_size=get("feed_forward_length"),
+        num_attention_heads=heads,
+        num_key_value_heads=get("attention.head_count_kv", heads),
+        head_dim=get("attention.key_length", hidden // heads),
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
+        vocab_size=get("vocab_size", len(tokens)),
+        max_position_embeddings=get("context_length"),
+        rope_theta=get("rope.freq_base", 10000.0),
+        rope_traditional=False,  # we undo llama.cpp's q/k permutation, back to HF's layout
+        rope_scaling=({"type": "linear", "factor": get("rope.scaling.factor")}
+                      if scaling == "linear" else None),
+        tie_word_embeddings="output.weight" not in types,
+    )
+
+
+def load_weights(path: Path, types: dict[str, int], args: dict[str, Any],
+                 dtype: mx.Dtype) -> dict[str, mx.array]:
+    """mlx-lm parameter name -> dequantized weight, q/k rows back in HF order."""
+    unknown = sorted({t for t in types.values() if t not in MLX_TYPES})
+    raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types)
+    weights = {}
+    for name, w in raw.items():
+        if name == "rope_freqs.weight":
+            raise UnsupportedModel(f"{path}: llama3-style rope_freqs are not supported.")
+        mlx_name = _mlx_name(name, path)
+        if mlx_name.endswith("q_proj.weight"):
+            w = unpermute(w, args["num_attention_heads"])
+        elif mlx_name.endswith("k_proj.weight"):
+            w = unpermute(w, args["num_key_value_heads"])
+        weights[mlx_name] = w.astype(dtype)
+    # The embedding's rows are the model's vocabulary (the token list may be shorter).
+    args["vocab_size"] = weights["model.embed_tokens.weight"].shape[0]
+    return weights
+
+
+def _mlx_name(name: str, path: Path) -> str:
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    raise UnsupportedModel(f"{path}: unexpected tensor {name!r} for a llama GGUF.")
+
+
+def unpermute(w: mx.array, n_head: int) -> mx.array:
+    """Invert convert_hf_to_gguf's `permute` of q/k rows (interleaved -> half-split rope)."""
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def _load_with_mlx(path: Path, types: dict[str, int]) -> dict[str, mx.array]:
+    arrays = mx.load(str(path))
+    return {name: _mlx_tensor(arrays, name) for name in types}
+
+
+def _mlx_tensor(arrays: dict[str, mx.array], name: str) -> mx.array:
+    base = name.removesuffix(".weight")
+    if f"{base}.scales" not in arrays:
+        return arrays[name].astype(mx.float32)
+    return dequantize(arrays[name], arrays[f"{base}.scales"], arrays[f"{base}.biases"])
+
+
+def dequantize(packed: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+    """fp32 weights from MLX's affine layout (group 32), as `mx.load` gives Q4_0/Q4_1/Q8_0.
+
+    Not `mx.dequantize`: that rounds to the scales' fp16, and on CPU it is 2x slower than this.
+    """
+    bits = packed.shape[-1] * 32 // (scales.shape[-1] * GROUP)
+    shifts = mx.arange(0, 32, bits, dtype=mx.uint32)
+    q = (packed[..., None] >> shifts) & ((1 << bits) - 1)
+    q = q.reshape(*scales.shape, GROUP).astype(mx.float32)
+    w = q * scales[..., None].astype(mx.float32) + biases[..., None].astype(mx.float32)
+    return w.reshape(*scales.shape[:-1], -1)
+
+
+def _load_with_gguf(path: Path, types: dict[str, int]) -> dict[str, mx.array]:
+    """Reference (numpy) dequantization for types MLX cannot read; slower but exact."""
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+
+    reader = gguf.GGUFReader(path)
+    out = {}
+    for tensor in reader.tensors:
+        try:
+            w = gguf_dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise UnsupportedModel(
+                f"{path}: tensor {tensor.name} has type {tensor.tensor_type.name}, which cannot "
+                "be dequantized. Fix: use a Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16 GGUF."
+            ) from exc
+        out[tensor.name] = mx.array(np.ascontiguousarray(w, dtype=np.float32))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def load_tokenizer(path: Path, metadata: dict[str, Any]) -> TokenizerWrapper:
+    """mlx-lm's TokenizerWrapper over a tokenizer folder built once from the GGUF metadata."""
+    from mlx_lm.tokenizer_utils import load as load_folder
+
+    folder = tokenizer_folder(path, metadata)
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
+    return load_folder(folder, eos_token_ids=[eos] if eos is not None else None)
+
+
+def tokenizer_folder(path: Path, metadata: dict[str, Any]) -> Path:
+    """`<gguf>.tokenizer/` (or one in the cache if that is read-only), rebuilt when stale."""
+    stat = path.stat()
+    stamp = {"version": TOKENIZER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    from .offline import cache_root
+
+    for folder in (path.with_name(path.name + ".tokenizer"),
+                   cache_root() / "gguf-tokenizers" / f"{path.name}-{stat.st_size}"):
+        if _read_stamp(folder) == stamp:
+            return folder
+        try:
+            _write_tokenizer(folder, metadata, stamp)
+            return folder
+        except OSError:
+            continue
+    raise ModelNotAvailable(f"{path}: cannot write its tokenizer next to it or in the cache.")
+
+
+def _read_stamp(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "source.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_tokenizer(folder: Path, metadata: dict[str, Any], stamp: dict) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
+    try:
+        build_backend_tokenizer(metadata).save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata)))
+        (tmp / "source.json").write_text(json.dumps(stamp))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tokenizer_config(metadata: dict[str, Any]) -> dict[str, Any]:
+    tokens = metadata["tokenizer.ggml.tokens"]
+
+    def token(key: str) -> str | None:
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[index] if index is not None and index < len(tokens) else None
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token("bos"), "eos_token": token("eos"), "unk_token": token("unknown"),
+        "pad_token": token("padding"),
+        # llama.cpp defaults add_bos to true for sentencepiece ("llama") vocabularies only.
+        "add_bos_token": metadata.get("tokenizer.ggml.add_bos_token",
+                                      metadata.get("tokenizer.ggml.model") == "llama"),
+        "add_eos_token": metadata.get("tokenizer.ggml.add_eos_token", False),
+        "model_max_length": metadata.get("llama.context_length", 4096),
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.chat_template" in metadata:
+        config["chat_template"] = metadata["tokenizer.chat_template"]
+    return config
+
+
+def build_backend_tokenizer(metadata: dict[str, Any]) -> Any:
+    """A `tokenizers.Tokenizer` from `tokenizer.ggml.*`, via transformers' converter (no torch)."""
+    from tokenizers import pre_tokenizers
+
+    model = metadata.get("tokenizer.ggml.model")
+    tok_dict = {
+        "tokenizer_type": model,
+        "pre_tokenizer_type": metadata.get("tokenizer.ggml.pre"),
+        "tokens": metadata["tokenizer.ggml.tokens"],
+        "token_type": metadata.get("tokenizer.ggml.token_type"),
+        "add_prefix_space": metadata.get("tokenizer.ggml.add_space_prefix"),
+    }
+    for key, name in (("merges", "merges"), ("scores", "scores")):
+        if f"tokenizer.ggml.{key}" in metadata:
+            tok_dict[name] = metadata[f"tokenizer.ggml.{key}"]
+    try:
+        backend = _convert(metadata.get("general.architecture", "llama"), tok_dict)
+    except (KeyError, ValueError) as exc:
+        raise UnsupportedModel(f"GGUF tokenizer {model!r} is not supported ({exc}).") from exc
+    if tok_dict["pre_tokenizer_type"] == "smollm":
+        # As SmolLM2's own tokenizer.json: digits split one by one, then GPT-2 byte-level.
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    return backend
+
+
+def _convert(architecture: str, tok_dict: dict[str, Any]) -> Any:
+    try:  # transformers 5 layout; this module imports no torch (its siblings do)
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError as exc:
+        raise UnsupportedModel(
+            "building a tokenizer from a GGUF needs transformers >= 5. "
+            "Fix: pip install -U 'transformers>=5'"
+        ) from exc
+    return convert_gguf_tokenizer(architecture, tok_dict)[0]

