@@ -1,12 +1,14 @@
 """GatedDeltaNet verify/replay kernels, picked once per backend.
 
-Only the portable pure-MLX implementation exists today. Native CUDA/Metal kernels are a
-separate issue: they register in `NATIVE` under their backend name, and `select` in
-"auto" mode prefers them. Nothing is registered until a real kernel exists.
+The portable pure-MLX implementation runs anywhere. Fused CUDA/Metal kernels register in
+`NATIVE` under their backend name, only when that backend is present AND they are enabled
+(DFLASH_CUDA_KERNELS=1 / DFLASH_METAL_KERNELS=1: off until proven exact on the device);
+`select` in "auto" mode prefers them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -27,8 +29,38 @@ class GatedDeltaKernels:
 
 PORTABLE = GatedDeltaKernels("portable", gated_delta_verify, tape_replay)
 
-# Slot for native kernels, keyed by backend ("cuda", "metal"). Empty on purpose.
+# Native kernels, keyed by backend ("cuda", "metal"); filled by `register_native`.
 NATIVE: dict[str, GatedDeltaKernels] = {}
+ENABLE_ENV = {"cuda": "DFLASH_CUDA_KERNELS", "metal": "DFLASH_METAL_KERNELS"}
+
+
+def native_enabled(backend: str) -> bool:
+    return os.environ.get(ENABLE_ENV[backend], "0") == "1"
+
+
+def native_kernels(backend: str) -> GatedDeltaKernels:
+    """The fused kernels for `backend`, whether or not enabled or runnable here."""
+    if backend == "cuda":
+        from . import cuda as mod
+    elif backend == "metal":
+        from . import metal as mod
+    else:
+        raise ValueError(f"no native kernels for backend {backend!r}")
+    return GatedDeltaKernels(backend, mod.gated_delta_verify, mod.tape_replay)
+
+
+def backend_present(backend: str) -> bool:
+    if backend == "metal":
+        return mx.metal.is_available()
+    return backend == "cuda" and hasattr(mx, "cuda") and mx.cuda.is_available()
+
+
+def register_native() -> None:
+    """(Re)build NATIVE from the backends present here and the enabling env flags."""
+    NATIVE.clear()
+    for backend in ENABLE_ENV:
+        if backend_present(backend) and native_enabled(backend):
+            NATIVE[backend] = native_kernels(backend)
 
 
 def current_backend() -> str:
@@ -52,13 +84,19 @@ def select(
     return NATIVE.get(backend or current_backend(), PORTABLE)
 
 
+register_native()
+
 __all__ = [
+    "ENABLE_ENV",
     "NATIVE",
     "PORTABLE",
     "GatedDeltaKernels",
     "Tape",
     "current_backend",
     "gated_delta_verify",
+    "native_enabled",
+    "native_kernels",
+    "register_native",
     "select",
     "tape_replay",
 ]

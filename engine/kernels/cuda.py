@@ -1,0 +1,335 @@
+"""Fused GatedDeltaNet verify (recording the rollback tape) and tape replay for MLX CUDA.
+
+Same contract as `portable`: `gated_delta_verify(q, k, v, g, beta, state) -> (y, state, Tape)`
+and `tape_replay(state, tape, keep) -> state`. One thread block per (batch, value head):
+32 x NW threads, warp w owns value rows w, w + NW, ... and lane l owns key columns
+l, l + 32, ... of each row, so the Dv x Dk state lives in registers for all T <= 16 steps;
+the step's q/k (and a vector gate) sit in shared memory. Row dot products are warp
+butterflies (every lane ends with the same bits, so every lane applies the same delta).
+
+The state update is written with explicit `__fmul_rn` / `__fmaf_rn` in both kernels, so
+replaying the tape gives the verify's states bitwise (no compiler contraction can differ).
+The result matches the portable path to float tolerance, not bitwise: the Dk reductions
+run in another order than MLX's `sum`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import mlx.core as mx
+
+from . import portable
+from .portable import Tape
+
+MAX_STEPS = 16
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block without opt-in
+
+VERIFY_SOURCE = r"""
+    // One block per (batch, value head); grid z = B * Hv, block = (32, NW).
+    const int n = blockIdx.z;
+    const int b = n / Hv;
+    const int hv = n % Hv;
+    const int hk = hv / (Hv / Hk);
+    const int lane = threadIdx.x;
+    const int warp = threadIdx.y;
+
+    // q, k: [B, NT, Hk, Dk] -> shared fp32 [NT, Dk]; vector gate g: [B, NT, Hv, Dk].
+    const int NT = k_shape[1];  // steps: runtime, so one compile serves T = 1..MT
+    __shared__ float sq[MT * Dk];
+    __shared__ float sk[MT * Dk];
+    __shared__ float sg[VEC ? MT * Dk : 1];
+    for (int i = warp * 32 + lane; i < NT * Dk; i += 32 * NW) {
+      const int t = i / Dk;
+      const int d = i % Dk;
+      const size_t src = ((size_t)(b * NT + t) * Hk + hk) * Dk + d;
+      sq[i] = static_cast<float>(q[src]);
+      sk[i] = static_cast<float>(k[src]);
+      if (VEC) {
+        sg[i] = static_cast<float>(g[((size_t)(b * NT + t) * Hv + hv) * Dk + d]);
+      }
+    }
+    __syncthreads();
+
+    // state_in, state_out: [B, Hv, Dv, Dk]
+    const size_t sbase = (size_t)n * Dv * Dk;
+    float s[RPW][EPL];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        s[r][e] = col < Dk ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
+      }
+    }
+
+    for (int t = 0; t < NT; ++t) {
+      const float* kt = sk + t * Dk;
+      const float* qt = sq + t * Dk;
+      const size_t hb = (size_t)(b * NT + t) * Hv + hv;  // [B, NT, Hv] index
+      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
+      const float bt = static_cast<float>(beta[hb]);
+
+      // S' = g * S;  kv = S' k
+      float kv[RPW];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const int col = lane + 32 * e;
+          if (col < Dk) {
+            s[r][e] = __fmul_rn(s[r][e], VEC ? sg[t * Dk + col] : gs);
+            acc += s[r][e] * kt[col];
+          }
+        }
+        kv[r] = acc;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          kv[r] += __shfl_xor_sync(0xffffffffu, kv[r], off);
+        }
+      }
+
+      // delta = beta (v - kv);  S = S' + delta k^T;  y = S q
+      float dl[RPW];
+      float out[RPW];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        const int row = warp + r * NW;
+        dl[r] = (static_cast<float>(v[hb * Dv + row]) - kv[r]) * bt;
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const int col = lane + 32 * e;
+          if (col < Dk) {
+            s[r][e] = __fmaf_rn(kt[col], dl[r], s[r][e]);
+            acc += s[r][e] * qt[col];
+          }
+        }
+        out[r] = acc;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          out[r] += __shfl_xor_sync(0xffffffffu, out[r], off);
+        }
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          const int row = warp + r * NW;
+          y[hb * Dv + row] = static_cast<YT>(out[r]);
+          delta[hb * Dv + row] = dl[r];
+        }
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        if (col < Dk) {
+          state_out[sbase + row * Dk + col] = s[r][e];
+        }
+      }
+    }
+"""
+
+REPLAY_SOURCE = r"""
+    // Same block layout as the verify; per step S = g * S; S = S + delta k^T.
+    const int n = blockIdx.z;
+    const int b = n / Hv;
+    const int hv = n % Hv;
+    const int hk = hv / (Hv / Hk);
+    const int lane = threadIdx.x;
+    const int warp = threadIdx.y;
+    const size_t sbase = (size_t)n * Dv * Dk;
+
+    float s[RPW][EPL];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        s[r][e] = col < Dk ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
+      }
+    }
+
+    const int NT = delta_shape[1];  // the tape's first `keep` steps, sliced by the caller
+    for (int t = 0; t < NT; ++t) {
+      const size_t hb = (size_t)(b * NT + t) * Hv + hv;
+      const size_t kb = ((size_t)(b * NT + t) * Hk + hk) * Dk;
+      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        const int row = warp + r * NW;
+        const float dl = delta[hb * Dv + row];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const int col = lane + 32 * e;
+          if (col < Dk) {
+            const float gc = VEC ? static_cast<float>(g[hb * Dk + col]) : gs;
+            s[r][e] = __fmul_rn(s[r][e], gc);
+            s[r][e] = __fmaf_rn(static_cast<float>(k[kb + col]), dl, s[r][e]);
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        if (col < Dk) {
+          state_out[sbase + row * Dk + col] = s[r][e];
+        }
+      }
+    }
+"""
+
+VERIFY_INPUTS = ["q", "k", "v", "g", "beta", "state_in"]
+VERIFY_OUTPUTS = ["y", "state_out", "delta"]
+REPLAY_INPUTS = ["state_in", "delta", "k", "g"]
+REPLAY_OUTPUTS = ["state_out"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Launch shape shared by the CUDA and Metal kernels (same layout on both)."""
+
+    B: int
+    T: int
+    Hk: int
+    Hv: int
+    Dk: int
+    Dv: int
+    vec: bool
+    warps: int  # NW: warps per block; each owns Dv / NW value rows
+
+    @property
+    def rows_per_warp(self) -> int:
+        return self.Dv // self.warps
+
+    @property
+    def cols_per_lane(self) -> int:
+        return -(-self.Dk // 32)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        # In threads (dispatchThreads semantics on both backends): one block per (b, hv).
+        return (32, self.warps, self.B * self.Hv)
+
+    @property
+    def threadgroup(self) -> tuple[int, int, int]:
+        return (32, self.warps, 1)
+
+    def shared_bytes(self) -> int:
+        return (3 if self.vec else 2) * MAX_STEPS * self.Dk * 4
+
+    def template(self, *arrays: mx.array) -> list[tuple[str, object]]:
+        # Every input dtype is a template argument: MLX caches compiled kernels by name +
+        # template, so two calls that differ only in an input dtype must not share one.
+        # T is not: the kernels read it from an input's shape, so one compile serves 1..16.
+        names = ("A0", "A1", "A2", "A3", "A4", "A5")
+        dtypes = [(n, a.dtype) for n, a in zip(names, arrays)]
+        return dtypes + [
+            ("MT", MAX_STEPS), ("Dk", self.Dk), ("Dv", self.Dv), ("Hk", self.Hk),
+            ("Hv", self.Hv), ("NW", self.warps), ("RPW", self.rows_per_warp),
+            ("EPL", self.cols_per_lane), ("VEC", self.vec),
+        ]
+
+
+def warps_for(dv: int) -> int:
+    """The most warps (<= 32, so <= 1024 threads) that split Dv rows evenly."""
+    return next(w for w in (32, 16, 8, 4, 2, 1) if dv % w == 0)
+
+
+def plan(k: mx.array, v: mx.array, g: mx.array) -> Plan | None:
+    """The launch plan, or None where the fused kernel does not apply (portable fallback)."""
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[-2:]
+    vec = g.ndim == 4
+    p = Plan(B, T, Hk, Hv, Dk, Dv, vec, warps_for(Dv))
+    if not 1 <= T <= MAX_STEPS or Hv % Hk or p.shared_bytes() > MAX_SHARED_BYTES:
+        return None
+    return p
+
+
+@cache
+def _kernels() -> tuple[object, object]:
+    verify = mx.fast.cuda_kernel(
+        name="dflash_gdn_verify", input_names=VERIFY_INPUTS, output_names=VERIFY_OUTPUTS,
+        source=VERIFY_SOURCE,
+    )
+    replay = mx.fast.cuda_kernel(
+        name="dflash_gdn_replay", input_names=REPLAY_INPUTS, output_names=REPLAY_OUTPUTS,
+        source=REPLAY_SOURCE,
+    )
+    return verify, replay
+
+
+def run_verify(kernel, q, k, v, g, beta, state) -> tuple[mx.array, mx.array, Tape]:
+    """Launch a verify kernel (CUDA or Metal: same inputs, outputs and layout)."""
+    p = plan(k, v, g)
+    if p is None:
+        return portable.gated_delta_verify(q, k, v, g, beta, state)
+    y, final, delta = kernel(
+        inputs=[q, k, v, g, beta, state],
+        template=[("YT", q.dtype), *p.template(q, k, v, g, beta, state)],
+        grid=p.grid,
+        threadgroup=p.threadgroup,
+        output_shapes=[v.shape, (p.B, p.Hv, p.Dv, p.Dk), v.shape],
+        output_dtypes=[q.dtype, mx.float32, mx.float32],
+    )
+    return y, final, Tape(delta, k, g)
+
+
+def run_replay(kernel, state: mx.array, tape: Tape, keep: int) -> mx.array:
+    if keep == 0:
+        return state
+    T = tape.delta.shape[1]
+    if not 0 < keep <= T:
+        raise ValueError(f"keep={keep} is outside the tape's 0..{T} steps")
+    # The kernel applies every step it is given: hand it the first `keep` (for B = 1 a
+    # prefix slice is already row-contiguous, so this copies nothing).
+    delta, k, g = (x[:, :keep] for x in tape)
+    p = plan(k, delta, g)
+    if p is None:
+        return portable.tape_replay(state, tape, keep)
+    (out,) = kernel(
+        inputs=[state, delta, k, g],
+        template=p.template(state, delta, k, g),
+        grid=p.grid,
+        threadgroup=p.threadgroup,
+        output_shapes=[state.shape],
+        output_dtypes=[mx.float32],
+    )
+    return out
+
+
+def gated_delta_verify(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array, Tape]:
+    """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g [B, T, Hv(, Dk)]; beta [B, T, Hv];
+    state [B, Hv, Dv, Dk] -> (y [B, T, Hv, Dv], final fp32 state, tape)."""
+    return run_verify(_kernels()[0], q, k, v, g, beta, state)
+
+
+def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
+    """The state after the first `keep` verify steps, from the state before the verify."""
+    return run_replay(_kernels()[1], state, tape, keep)
+
+
+def available() -> bool:
+    return hasattr(mx, "cuda") and mx.cuda.is_available()

@@ -1,0 +1,444 @@
+"""`dflash benchmark --synthetic MODEL`: SYNTHETIC speed benchmark on random-weight targets.
+
+Random weights at a real model's shapes (engine/data/synthetic/*.json), a random draft of
+the published size, and an oracle proposer that agrees with the target's greedy
+continuation at a chosen mean tokens-per-cycle. It measures what the machine does with
+those shapes (T_verify16 / T_ar at a context length, per-phase cycle times, end-to-end
+speed-up against mlx-lm's generate_step on the same model), not acceptance: acceptance is
+an input here. Every output says "synthetic".
+
+The real draft forward still runs every cycle (its output is discarded) so its cost is
+counted; the oracle needs the target's greedy continuation, so plain decoding runs first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from .cycle import Proposer, propose, speculative_decode
+from .draft import DFlashDraft, DraftArgs, default_tap_ids
+from .targets.base import TargetAdapter, text_args
+
+CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
+MODELS = ("qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3-8b", "smollm2-135m")
+PREFILL_CHUNK = 512  # DFlashConfig's default, for both sides
+
+
+# -- models -------------------------------------------------------------------------------
+def load_spec(name: str) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"unknown synthetic model {name!r}: use one of {', '.join(MODELS)}")
+    return json.loads(path.read_text())
+
+
+def target_config(name: str, layers: int | None = None,
+                  overrides: dict | None = None) -> dict:
+    """The mlx-lm config for `name` with --layers and --override applied."""
+    spec = load_spec(name)["target"]
+    cfg = dict(spec.get("text_config", spec))
+    cfg.update(overrides or {})
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+    interval = cfg.get("full_attention_interval")
+    if interval and cfg["num_hidden_layers"] < interval:
+        raise SystemExit(
+            f"--layers {cfg['num_hidden_layers']} leaves no attention layer (one in every "
+            f"{interval}): use at least {interval} layers or --override "
+            "full_attention_interval=N")
+    return {"model_type": cfg["model_type"], "text_config": cfg} if "text_config" in spec \
+        else cfg
+
+
+def _materialize(model: nn.Module, dtype: mx.Dtype) -> None:
+    # Lazy random init + cast, evaluated a layer at a time so fp32 never all lives at once.
+    model.set_dtype(dtype)
+    inner = getattr(model, "language_model", model)
+    for layer in inner.model.layers:
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+
+
+def build_target(name: str, layers: int | None = None, overrides: dict | None = None,
+                 dtype: str = "float32", seed: int = 0) -> nn.Module:
+    """A random-weight mlx-lm model with `name`'s shapes."""
+    from mlx_lm.utils import _get_classes
+
+    config = target_config(name, layers, overrides)
+    mx.random.seed(seed)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    _materialize(model, getattr(mx, dtype))
+    return model
+
+
+def draft_args(name: str, target: TargetAdapter, overrides: dict | None = None) -> DraftArgs:
+    """The published-size draft for `name`, its taps by the documented default rule."""
+    spec = dict(load_spec(name)["draft"])
+    spec.update(overrides or {})
+    n_target = target.num_layers
+    taps = [min(max(t, 0), n_target - 1)
+            for t in default_tap_ids(n_target, int(spec["num_taps"]))]
+    vocab = target.vocab_size
+    return DraftArgs(
+        hidden_size=target.hidden_size, num_hidden_layers=int(spec["num_hidden_layers"]),
+        num_attention_heads=int(spec["num_attention_heads"]),
+        num_key_value_heads=int(spec["num_key_value_heads"]), head_dim=int(spec["head_dim"]),
+        intermediate_size=int(spec["intermediate_size"]), num_target_layers=n_target,
+        target_layer_ids=taps, mask_token_id=min(int(spec["mask_token_id"]), vocab - 1),
+        block_size=int(spec["block_size"]), vocab_size=vocab,
+        rope_theta=float(spec.get("rope_theta", 1_000_000.0)),
+    )
+
+
+def build_draft(args: DraftArgs, dtype: str, seed: int = 1) -> DFlashDraft:
+    mx.random.seed(seed)
+    draft = DFlashDraft(args)
+    draft.set_dtype(getattr(mx, dtype))
+    mx.eval(draft.parameters())
+    return draft
+
+
+# -- the oracle -----------------------------------------------------------------------------
+def oracle_proposer(reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
+                    block_size: int, vocab: int, seed: int = 0,
+                    draft_forward: Callable[[int, int], mx.array] | None = None) -> Proposer:
+    """Proposals that match `reference` (the target's greedy output) for a drawn number of
+    tokens, then one wrong token. Accept counts ~ Binomial(B-1, p) with p chosen so the
+    mean is tokens_per_cycle - 1 (capped by the cycle's size). `draft_forward` runs the
+    real draft so its cost is timed; its output is discarded."""
+    rng = random.Random(seed)
+    p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+
+    def proposer(staged: int, size: int, position: int) -> mx.array:
+        if draft_forward is not None:
+            mx.eval(draft_forward(staged, size))
+        emitted = position - prompt_len + 1  # staged is reference[emitted - 1]
+        a = min(sum(rng.random() < p for _ in range(block_size - 1)), size - 1)
+        drafted = list(reference[emitted:emitted + size - 1])
+        if a < size - 1:
+            drafted[a] = (drafted[a] + 1) % vocab  # the target's argmax differs here
+        return mx.array([[staged] + drafted])
+
+    return proposer
+
+
+class TimedTarget:
+    """Delegates to an adapter; times each non-prefill forward (evaluated) so the cycle's
+    verify lap splits into the forward and the accept that follows it."""
+
+    def __init__(self, inner: TargetAdapter):
+        self.inner = inner
+        self.forward_s: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
+                last_only: bool = False) -> tuple[mx.array, mx.array]:
+        start = time.perf_counter()
+        logits, taps = self.inner.forward(tokens, cache, tap_ids, last_only)
+        if not last_only:
+            mx.eval(logits, taps)
+            self.forward_s.append(time.perf_counter() - start)
+        return logits, taps
+
+
+# -- timed runs -----------------------------------------------------------------------------
+def run_baseline(model: nn.Module, prompt: list[int], max_tokens: int) -> dict:
+    """mlx-lm greedy decoding (generate_step, no EOS stop) -> tokens and timings."""
+    from mlx_lm.generate import generate_step
+
+    tokens: list[int] = []
+    first = None
+    start = time.perf_counter()
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                  prefill_step_size=PREFILL_CHUNK):
+        first = first or time.perf_counter()
+        tokens.append(int(token))
+    end = time.perf_counter()
+    return _side(tokens, start, first or end, end)
+
+
+def _side(tokens: list[int], start: float, first: float, end: float) -> dict:
+    decode_s = end - first
+    return {"tokens": tokens, "generated_tokens": len(tokens), "elapsed_s": end - start,
+            "prefill_s": first - start,
+            "tokens_per_second": len(tokens) / (end - start),
+            "decode_tokens_per_second": (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0}
+
+
+def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
+               reference: Sequence[int], max_tokens: int, block_size: int,
+               tokens_per_cycle: float, seed: int, draft_cost: bool = True) -> dict:
+    """speculative_decode (the engine's own loop) with the oracle proposer."""
+    timed = TimedTarget(target)
+    draft_cache = draft.make_cache()
+    forward = None
+    if draft_cost:
+        def forward(staged: int, size: int) -> mx.array:
+            return propose(target, draft, draft_cache, staged, size)
+    proposer = oracle_proposer(reference, len(prompt), tokens_per_cycle, block_size,
+                               target.vocab_size, seed, forward)
+    tokens: list[int] = []
+    cycles, walls = [], []
+    start = time.perf_counter()
+    first = last = None
+    for commit in speculative_decode(timed, draft, prompt, max_tokens, block_size,
+                                     PREFILL_CHUNK, draft_cache=draft_cache,
+                                     proposer=proposer):
+        now = time.perf_counter()
+        tokens.extend(commit.tokens)
+        if commit.cycle is not None:
+            cycles.append(commit.cycle)
+            walls.append(now - last)
+        first = first or now
+        last = now
+    end = time.perf_counter()
+    side = _side(tokens[:max_tokens], start, first or end, end)
+    side.update(cycle_summary(cycles, walls, timed.forward_s))
+    return side
+
+
+def cycle_summary(cycles: list, walls: list[float], forward_s: list[float]) -> dict:
+    n = len(cycles)
+    committed = [c.committed for c in cycles]
+    totals = {
+        "draft": sum(c.draft_s for c in cycles),
+        "verify": sum(forward_s),  # the target forward over the block
+        "accept": sum(c.verify_s for c in cycles) - sum(forward_s),
+        "rollback": sum(c.rollback_s for c in cycles),  # + draft context append
+    }
+    totals["host"] = max(sum(walls) - sum(totals.values()), 0.0)
+    return {
+        "cycles": n,
+        "cycle_tokens": committed,
+        "tokens_per_cycle": sum(committed) / n if n else 0.0,
+        "acceptance_rate": 1 - n / sum(committed) if n else 0.0,
+        "cycle_profile_s": totals,
+        "cycle_profile_per_cycle_ms": {k: 1000 * v / n if n else 0.0 for k, v in totals.items()},
+    }
+
+
+# -- forward timings at a context length ----------------------------------------------------
+def _snapshot(cache: list[Any]) -> list[Any]:
+    return [c.offset if isinstance(c, KVCache) else list(c.cache) for c in cache]
+
+
+def _restore(cache: list[Any], saved: list[Any]) -> None:
+    for c, s in zip(cache, saved, strict=True):
+        if isinstance(c, KVCache):
+            c.trim(c.offset - s)
+        else:
+            c.cache = list(s)
+
+
+def forward_timings(model: nn.Module, target: TargetAdapter, prompt: list[int], iters: int,
+                    block: int = 16) -> dict:
+    """Median wall time of a 1-token and a `block`-token forward after `prompt`:
+    mlx-lm's own forward, and the adapter's verify forward (tape recorded)."""
+    cache = make_prompt_cache(model)
+    for start in range(0, len(prompt), PREFILL_CHUNK):
+        model(mx.array([prompt[start:start + PREFILL_CHUNK]]), cache=cache)
+        mx.eval([c.state for c in cache])
+    saved = _snapshot(cache)
+    one = mx.array([[prompt[-1]]])
+    many = mx.array([prompt[-block:]])
+
+    def plain(ids: mx.array) -> Callable[[], None]:
+        return lambda: mx.eval(model(ids, cache=cache))
+
+    def verify() -> None:
+        target.begin_verify(cache)
+        mx.eval(target.forward(many, cache, []))
+        target.rollback(cache, block, block)  # keep all: drops the records only
+
+    out = {}
+    for label, fn in (("t_ar_s", plain(one)), ("t_forward16_s", plain(many)),
+                      ("t_verify16_s", verify)):
+        times = []
+        for i in range(iters + 2):  # two warm-ups
+            begin = time.perf_counter()
+            fn()
+            if i >= 2:
+                times.append(time.perf_counter() - begin)
+            _restore(cache, saved)
+        out[label] = statistics.median(times)
+    out["forward16_over_ar"] = out["t_forward16_s"] / out["t_ar_s"]
+    out["verify16_over_ar"] = out["t_verify16_s"] / out["t_ar_s"]
+    out["ctx"] = len(prompt)
+    out["iters"] = iters
+    return out
+
+
+# -- the benchmark --------------------------------------------------------------------------
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
+
+
+def run_synthetic(name: str, layers: int | None = None, overrides: dict | None = None,
+                  draft_overrides: dict | None = None, dtype: str | None = None,
+                  ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
+                  block_size: int = 16, iters: int = 10, seed: int = 0,
+                  kernels: str = "auto", draft_cost: bool = True, warmup: bool = True) -> dict:
+    from .bench import blas_info, machine_info, versions
+    from .kernels import PORTABLE
+    from .loading import make_adapter
+    from .runtime import backend_name
+
+    backend = backend_name()
+    dtype = dtype or ("float32" if backend == "cpu" else "bfloat16")
+    built = time.perf_counter()
+    model = build_target(name, layers, overrides, dtype, seed)
+    target = make_adapter(model, enable_tape_replay=True)
+    if kernels == "portable" and hasattr(target, "kernels"):
+        target.kernels = PORTABLE
+    dargs = draft_args(name, target, draft_overrides)
+    draft = build_draft(dargs, dtype, seed + 1)
+    build_s = time.perf_counter() - built
+
+    rng = random.Random(seed)
+    prompt = [rng.randrange(target.vocab_size) for _ in range(ctx)]
+    if warmup:  # compile and allocate outside the timed runs
+        n = min(8, max_tokens)
+        ref = run_baseline(model, prompt, n)["tokens"]
+        run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
+                   draft_cost)
+    base = run_baseline(model, prompt, max_tokens)
+    flash = run_dflash(target, draft, prompt, base["tokens"], max_tokens, block_size,
+                       tokens_per_cycle, seed, draft_cost)
+    fwd = forward_timings(model, target, prompt, iters, block_size)
+    mismatch = first_mismatch(base["tokens"], flash["tokens"])
+    cfg = text_args(model)
+    return {
+        "synthetic": True,
+        "title": f"SYNTHETIC benchmark (random weights, oracle draft): {name}",
+        "model": name,
+        "source_config": load_spec(name)["source"],
+        "note": ("random weights at the model's shapes; acceptance is set by the oracle "
+                 "(--tokens-per-cycle), so speed-ups show the machine's cost structure, "
+                 "not a real draft's quality"),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "blas": blas_info(),
+        "backend": backend,
+        "dtype": dtype,
+        "kernels": getattr(getattr(target, "kernels", None), "name", "n/a"),
+        "target_config": target_config(name, layers, overrides),
+        "target_layers": target.num_layers,
+        "hidden_size": int(cfg.hidden_size),
+        "draft_config": dargs.to_config(),
+        "settings": {"ctx": ctx, "max_tokens": max_tokens, "block_size": block_size,
+                     "tokens_per_cycle_target": tokens_per_cycle, "greedy": True,
+                     "prefill_step": PREFILL_CHUNK, "seed": seed, "iters": iters,
+                     "draft_forward_timed": draft_cost, "warmup": warmup},
+        "baseline_function": "mlx_lm.generate.generate_step",
+        "build_s": build_s,
+        "forward": fwd,
+        "baseline": {k: v for k, v in base.items() if k != "tokens"},
+        "dflash": {k: v for k, v in flash.items() if k != "tokens"},
+        "speedup": flash["tokens_per_second"] / base["tokens_per_second"],
+        "decode_speedup": (flash["decode_tokens_per_second"] / base["decode_tokens_per_second"]
+                           if base["decode_tokens_per_second"] else None),
+        "token_match": mismatch is None,
+        "first_mismatch": mismatch,
+        "definitions": {
+            "t_ar_s": "median 1-token mlx-lm forward after ctx tokens",
+            "t_forward16_s": "median 16-token mlx-lm forward after ctx tokens",
+            "t_verify16_s": "median 16-token adapter verify forward (tape recorded)",
+            "cycle_profile": "draft: proposer incl. the real draft forward; verify: target "
+                             "forward; accept: argmax + accept count; rollback: cache "
+                             "rollback + draft context append; host: the rest of the cycle",
+            "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
+            "decode_speedup": "tok/s after the first token, DFlash / baseline",
+        },
+    }
+
+
+def summary_lines(r: dict) -> list[str]:
+    f, b, d = r["forward"], r["baseline"], r["dflash"]
+    prof = d["cycle_profile_per_cycle_ms"]
+    return [
+        r["title"] + f" [{r['backend']}, {r['dtype']}, kernels={r['kernels']}, "
+        f"{r['target_layers']} layers]",
+        f"  ctx {f['ctx']}: T_ar {f['t_ar_s'] * 1e3:.2f} ms, T_fwd16 "
+        f"{f['t_forward16_s'] * 1e3:.2f} ms ({f['forward16_over_ar']:.2f}x), T_verify16 "
+        f"{f['t_verify16_s'] * 1e3:.2f} ms ({f['verify16_over_ar']:.2f}x)",
+        f"  baseline {b['tokens_per_second']:.1f} tok/s (decode "
+        f"{b['decode_tokens_per_second']:.1f}); dflash {d['tokens_per_second']:.1f} tok/s "
+        f"(decode {d['decode_tokens_per_second']:.1f}); speed-up {r['speedup']:.2f}x e2e, "
+        f"{(r['decode_speedup'] or 0):.2f}x decode",
+        f"  tokens/cycle {d['tokens_per_cycle']:.2f} (target "
+        f"{r['settings']['tokens_per_cycle_target']}), {d['cycles']} cycles; per cycle ms: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in prof.items()),
+        f"  token_match {r['token_match']}"
+        + ("" if r["token_match"] else f" (first mismatch at {r['first_mismatch']})"),
+    ]
+
+
+def _kv(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dflash benchmark --synthetic",
+        description="SYNTHETIC benchmark: random-weight target at a real model's shapes, "
+                    "oracle draft at a chosen tokens/cycle.")
+    p.add_argument("--synthetic", required=True, choices=MODELS)
+    p.add_argument("--layers", type=int, help="cut the target to N layers (quick runs)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--ctx", type=int, default=2048, help="prompt length (random ids)")
+    p.add_argument("--tokens-per-cycle", type=float, default=9.6)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on a GPU, float32 on the CPU")
+    p.add_argument("--iters", type=int, default=10, help="forward-timing iterations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kernels", choices=["auto", "portable"], default="auto")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="target config field (JSON value), e.g. hidden_size=64")
+    p.add_argument("--draft-override", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--no-draft-forward", action="store_true",
+                   help="do not run the real draft forward (draft cost not counted)")
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--json", help="write the report here")
+    return p
+
+
+def synthetic_main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 2 <= args.block_size <= 16 or not 1 <= args.tokens_per_cycle <= args.block_size:
+        raise SystemExit("--block-size must be 2..16 and --tokens-per-cycle 1..block size")
+    if args.ctx < args.block_size:
+        raise SystemExit(f"--ctx must be at least --block-size ({args.block_size})")
+    report = run_synthetic(
+        args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
+        args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
+        args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup)
+    print("\n".join(summary_lines(report)))
+    if args.json:
+        Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).expanduser().write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return 0 if report["token_match"] else 1
