@@ -60,6 +60,7 @@ class TrainConfig:
     train_seconds: float | None = None  # shrink the cosine schedule to fit this long
     dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
     save_dtype: str = "bfloat16"
+    head_dtype: str = "float32"  # lm_head precision in the training loss (bfloat16: faster)
     mask_token_id: int | None = None
     state_dir: str | None = None  # optimizer state for --resume (default OUT/resume)
     log: str | None = None  # training log JSON (default OUT/train-log.json)
@@ -88,14 +89,17 @@ class Dataset:
     def save(self, path: Path) -> None:
         lens = np.array([len(s) for s in self.sequences], dtype=np.int64)
         flat = np.array([t for s in self.sequences for t in s], dtype=np.int32)
-        np.savez(path, tokens=flat, lengths=lens, prompt_lens=np.array(self.prompt_lens),
-                 meta=np.array(json.dumps(self.meta)))
+        if flat.size and flat.max() < 1 << 16:  # halves the file for vocabularies < 65536
+            flat = flat.astype(np.uint16)
+        np.savez_compressed(path, tokens=flat, lengths=lens,
+                            prompt_lens=np.array(self.prompt_lens),
+                            meta=np.array(json.dumps(self.meta)))
 
     @classmethod
     def load(cls, path: Path) -> Dataset:
         z = np.load(path)
         ends = np.cumsum(z["lengths"])
-        flat = z["tokens"].tolist()
+        flat = z["tokens"].astype(np.int64).tolist()
         seqs = [flat[e - n:e] for e, n in zip(ends.tolist(), z["lengths"].tolist())]
         return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
 
@@ -251,20 +255,38 @@ def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int])
     return mx.stop_gradient(taps)
 
 
-def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
-                taps: mx.array) -> mx.array:
+Head = Callable[[mx.array], mx.array]
+
+
+def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
+    """The target's lm_head computed in `dtype` (bf16 on GPU: the vocab projection dominates
+    a training step). Validation keeps the exact head."""
+    if dtype == mx.float32:
+        return target.lm_head
+    outer = getattr(target.model, "language_model", target.model)
+    tied = getattr(target.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
+    w = (target.inner.embed_tokens if tied else outer.lm_head).weight
+    if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):  # quantized head: keep as is
+        return target.lm_head
+    w = w.astype(dtype)
+    mx.eval(w)
+    return lambda h: h.astype(dtype) @ w.T
+
+
+def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+                head: Head | None = None) -> mx.array:
     """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
     B = draft.args.block_size
     N, A = batch.anchors.shape
     mask = block_mask(batch.anchors, taps.shape[1], B)
     hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
     hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
-    return target.lm_head(hidden)
+    return (head or target.lm_head)(hidden)
 
 
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-               weights: mx.array) -> mx.array:
-    logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+               weights: mx.array, head: Head | None = None) -> mx.array:
+    logits = slot_logits(draft, target, batch, taps, head).astype(mx.float32)
     picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
     ce = mx.logsumexp(logits, axis=-1) - picked
     w = batch.valid * weights
@@ -434,10 +456,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
     draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
+    # Start the output norm at the target's final norm: the draft's hidden states feed the
+    # target's lm_head, so this begins with logits on the target's scale.
+    draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
+    head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     loss_and_grad = nn.value_and_grad(draft, lambda b, t: block_loss(draft, target, b, t,
-                                                                      weights))
+                                                                      weights, head))
     step, total = 0, cfg.steps
     if cfg.resume and (state_dir / "step.json").is_file():
         optimizer.init(draft.trainable_parameters())
@@ -477,6 +503,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             mx.eval(loss, norm, draft.parameters(), optimizer.state)
             step += 1
             losses.append(float(loss))
+            if cfg.train_seconds and time.perf_counter() - train_start > 1.2 * cfg.train_seconds:
+                say(f"out of time at step {step}: stopping early")
+                break
             if cfg.train_seconds and step - first_step == 10:
                 per_step = (time.perf_counter() - train_start) / 10
                 fits = first_step + int(cfg.train_seconds / per_step)
@@ -499,6 +528,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
                 save_state(optimizer, draft, step, total, state_dir)
                 _write_log(log, log_path, step, total, gen_s, train_start, t0)
+    save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
+    save_state(optimizer, draft, step, total, state_dir)
     final = validate(draft, target, val_set, cfg, weights)
     log["final_val"] = final
     _write_log(log, log_path, step, total, gen_s, train_start, t0)
@@ -561,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=d.dtype, help="target dtype")
     p.add_argument("--save-dtype", default=d.save_dtype, choices=["float32", "bfloat16",
                                                                   "float16"])
+    p.add_argument("--head-dtype", default=d.head_dtype, choices=["float32", "bfloat16"],
+                   help="lm_head precision inside the training loss (bfloat16 on GPU)")
     p.add_argument("--mask-token-id", type=int)
     p.add_argument("--state-dir", help="optimizer state folder (default OUT/resume)")
     p.add_argument("--log", help="training log JSON (default OUT/train-log.json)")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M-Instruct draft training run on one H200 (after ../shared/gpu/stage with the
+# GGUF): data generation + training in one ~9-minute command; results under $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache
+gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p "$(dirname "$gguf")" /root/state
+cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
+if [[ -d .carry/tok ]]; then  # the tokenizer folder built here, stamped for this copy
+  cp -r .carry/tok "$gguf.tokenizer"
+  python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+timeout ${TRAIN_TIMEOUT:-470} python3 -m engine.train --model HuggingFaceTB/SmolLM2-135M-Instruct \
+  --out "$OUT/draft" --state-dir /root/state --data /root/state/data.npz \
+  --log "$OUT/train-log.json" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16 \
+  --batch ${BATCH:-32} --anchors ${ANCHORS:-64} --lr ${LR:-6e-4} --steps 100000 \
+  --max-len 256 --num-prompts 12000 --gen-batch 512 --gen-seconds ${GEN_S:-140} \
+  --train-seconds ${TRAIN_S:-270} --val-every 200 --checkpoint-every 200 --val-size 64 \
+  --head-dtype bfloat16 --save-dtype bfloat16 --no-progress 2>&1 | tee "$OUT/train.log"
+cp /root/state/data.npz "$OUT/data.npz" 2>/dev/null
+# Real speculative decoding with the trained draft on fresh prompts (not the eval sets).
+timeout ${CHECK_TIMEOUT:-50} python3 - "$OUT/draft" <<'PY' 2>&1 | tee "$OUT/check.log"
+import sys
+from pathlib import Path
+from engine.loading import load_draft_folder, load_target
+from engine.prompts import build_prompts
+from engine.runtime import DFlashRuntime
+model, tok, _ = load_target("HuggingFaceTB/SmolLM2-135M-Instruct", "float32")
+rt = DFlashRuntime(model, tok, load_draft_folder(Path(sys.argv[1])))
+for cat, msgs in build_prompts(400, seed=777)[::50]:
+    spec = rt.generate(msgs, max_tokens=256)
+    plain = rt.generate(msgs, max_tokens=256, speculative=False)
+    tpc = sum(spec.cycle_tokens) / max(1, len(spec.cycle_tokens))
+    print(f"{cat:10s} tokens {len(spec.tokens):3d} tokens/cycle {tpc:.2f} "
+          f"lossless {spec.tokens == plain.tokens}", flush=True)
+PY
+ls -la "$OUT" "$OUT/draft"
