@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
                    add_help=False)
     if argv and argv[0] == "benchmark":
+        if "--synthetic" in argv:
+            from .synthetic import synthetic_main
+
+            return synthetic_main(argv[1:])
         from .bench import benchmark_main
 
         return benchmark_main(argv[1:])
