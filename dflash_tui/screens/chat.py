@@ -168,6 +168,7 @@ class ChatScreen(Screen):
         self.active = app.worker.submit_generate(
             GenerateJob(self.request_id, prompt, max_tokens, block_size)
         )
+        self.refresh_bindings()  # Esc (stop) appears in the footer only while streaming
 
     def _prompt_for(self, conversation_id: int, system_prompt: str | None) -> list[dict[str, str]]:
         prompt = []
@@ -238,6 +239,7 @@ class ChatScreen(Screen):
     async def _finish_reply(self, status: str, footer: str, summary: dict[str, Any]) -> None:
         view, db_id = self.reply_view, self.reply_db_id
         self.active, self.reply_view, self.reply_db_id = None, None, None
+        self.refresh_bindings()
         if view is None:
             return
         await view.finish(status, footer if status != "error" else f"✗ {footer}")

@@ -1,0 +1,128 @@
+"""Pilot tests, each run against the fake engine and the real engine on a tiny random pair."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_tui.widgets.prompt import PromptInput
+from dflash_tui.widgets.sidebar import StatsSidebar
+from dflash_tui.widgets.transcript import MessageView
+
+from .conftest import engine_ready, send, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+
+def replies(app) -> list[MessageView]:
+    return [v for v in app.chat.query(MessageView) if v.role == "assistant"]
+
+
+async def test_send_streams_reply_and_sidebar_changes(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        assert app.focused is app.chat.query_one(PromptInput)  # prompt focused at start
+        await pilot.press("h", "i")  # real key presses once; send() inserts text for speed
+        assert app.chat.query_one(PromptInput).text == "hi"
+        app.chat.query_one(PromptInput).clear()
+        task = await send(pilot, "hello")
+        sidebar = app.chat.query_one(StatsSidebar)
+        seen: set[int] = set()
+        lengths: set[int] = set()
+
+        def observe() -> bool:
+            if sidebar.stats is not None:
+                seen.add(sidebar.stats.generated)
+            if replies(app):
+                lengths.add(len(replies(app)[-1].content))
+            return app.chat.active is None and bool(replies(app))
+
+        await wait_for(pilot, observe)
+        await task
+        reply = replies(app)[-1]
+        assert reply.status in ("done", "length")
+        assert reply.content
+        assert len(seen) >= 2, "sidebar numbers should change while streaming"
+        assert len(lengths) >= 2, "the reply should arrive in pieces"
+        assert sidebar.stats.cycles > 0
+        numbers = str(app.chat.query_one("#numbers").render())
+        assert numbers  # rendered without error
+        assert app.chat.query_one(PromptInput).text == ""
+
+
+async def test_escape_stops_and_keeps_partial(make_app):
+    app = make_app(max_tokens=400, delay=0.03)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: bool(replies(app) and replies(app)[-1].content))
+        await pilot.press("escape")
+        assert app.chat.active is None  # stopped at once, not after the engine's next span
+        reply = replies(app)[-1]
+        partial = reply.content
+        assert reply.status == "stopped" and partial
+        assert "stopped" in str(reply.query_one(".role").render())
+        await pilot.pause(0.3)  # late batches must not append to a stopped reply
+        assert reply.content == partial
+        stored = app.store.messages(app.conversation_id)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert stored[-1].status == "stopped" and stored[-1].content == partial
+        # The engine is free again: a new message streams.
+        await send(pilot, "again")
+        await wait_for(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].content)
+        await pilot.press("escape")
+
+
+async def test_history_persists_across_restart(make_app, isolated_dirs):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "remember me")
+        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        first_reply = replies(app)[-1].content
+    app2 = make_app()
+    async with app2.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app2.chat.query(MessageView)) == 2)
+        views = list(app2.chat.query(MessageView))
+        assert views[0].content == "remember me"
+        assert views[1].content == first_reply
+        # Reopening continues the same conversation.
+        await wait_for(pilot, lambda: engine_ready(app2))
+        await send(pilot, "and more")
+        await wait_for(pilot, lambda: app2.chat.active is None and len(replies(app2)) == 2)
+        assert len(app2.store.list_conversations()) == 1
+        assert len(app2.store.messages(app2.conversation_id)) == 4
+
+
+async def test_export_writes_markdown(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "export this")
+        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        path = app.action_export()
+        assert path is not None and path.suffix == ".md"
+        text = path.read_text()
+        assert text.startswith("# export this")
+        assert "## You\n\nexport this" in text and "## Assistant" in text
+
+
+async def test_bad_model_id_shows_error_not_traceback(make_app):
+    app = make_app(model="bad-org/no-such-model", draft="bad-org/no-such-draft")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: bool(app.chat.query(".notice")))
+        notice = str(app.chat.query_one(".notice").render())
+        assert "no-such-model" in notice or "not" in notice.lower()
+        assert "Traceback" not in notice
+        # Sending still saves the user's message and explains what to do.
+        await send(pilot, "hi")
+        await wait_for(
+            pilot, lambda: app.chat.active is None and len(app.chat.query(".notice")) == 2
+        )
+        stored = app.store.messages(app.conversation_id)
+        assert stored[0].content == "hi"
+        assert "F2" in str(app.chat.query(".notice").last().render())
+    assert app.return_code in (0, None)
