@@ -4,7 +4,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p "$(dirname "$gguf")" /root/state
+rm -rf /root/state; mkdir -p "$(dirname "$gguf")" /root/state
 cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 if [[ -d .carry/tok ]]; then  # the tokenizer folder built here, stamped for this copy
   cp -r .carry/tok "$gguf.tokenizer"
@@ -15,8 +15,8 @@ timeout ${TRAIN_TIMEOUT:-470} python3 -m engine.train --model HuggingFaceTB/Smol
   --out "$OUT/draft" --state-dir /root/state --data /root/state/data.npz \
   --log "$OUT/train-log.json" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16 \
   --batch ${BATCH:-32} --anchors ${ANCHORS:-64} --lr ${LR:-6e-4} --steps 100000 \
-  --max-len 256 --num-prompts 12000 --gen-batch 512 --gen-seconds ${GEN_S:-140} \
-  --train-seconds ${TRAIN_S:-270} --val-every 200 --checkpoint-every 200 --val-size 64 \
+  --max-len 256 --num-prompts 12000 --gen-batch 512 --gen-seconds ${GEN_S:-150} \
+  --train-seconds ${TRAIN_S:-250} --val-every 200 --checkpoint-every 200 --val-size 64 \
   --head-dtype bfloat16 --save-dtype bfloat16 --no-progress 2>&1 | tee "$OUT/train.log"
 cp /root/state/data.npz "$OUT/data.npz" 2>/dev/null
 # Real speculative decoding with the trained draft on fresh prompts (not the eval sets).

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import platform
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -118,39 +119,59 @@ def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[
     return out
 
 
+def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
+                 eos: set[int]) -> list[list[int]]:
+    """Greedy continuations of equal-length prompts in one batch: no padding, so the model
+    runs exactly as for a single prompt. Each response ends at its first EOS (kept)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tok = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1], axis=-1)
+    steps, finished = [tok], mx.zeros(tok.shape, dtype=mx.bool_)
+    eos_ids = mx.array(sorted(eos))
+    for i in range(1, max_new):
+        finished = finished | (tok[:, None] == eos_ids).any(axis=-1)
+        tok = mx.argmax(model(tok[:, None], cache=cache)[:, -1], axis=-1)
+        steps.append(tok)
+        mx.async_eval(tok, finished)
+        if i % 32 == 0 and finished.all().item():
+            break
+    out = []
+    for row in mx.stack(steps, axis=1).tolist():
+        end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
+        out.append(row[:end])
+    return out
+
+
 def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,
                      batch: int, seconds: float | None = None,
                      on_done: Callable[[int], None] | None = None) -> Dataset:
-    """Greedy responses of the target, continuously batched (mlx-lm's BatchGenerator).
-    The stop token (EOS) stays in the response: the draft must learn to predict it too.
-    With `seconds`, generation stops there and keeps only finished responses."""
-    from mlx_lm.generate import BatchGenerator
-
-    gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids],
-                         completion_batch_size=batch, prefill_batch_size=min(batch, 64))
-    uids = gen.insert(prompts, [max_new] * len(prompts))
-    by_uid = dict(zip(uids, range(len(prompts))))
-    tokens: dict[int, list[int]] = {u: [] for u in uids}
-    done: list[int] = []
+    """Greedy responses of the target for prompts grouped by exact length (largest groups
+    first; batches of up to `batch`). The EOS stays in the response: the draft must learn to
+    predict it too. With `seconds`, generation stops after the batch that crosses it."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    chunks = [g[k:k + batch] for g in groups.values() for k in range(0, len(g), batch)]
+    # full batches first, in a seeded shuffle so every category comes early
+    random.Random(0).shuffle(chunks)
+    chunks.sort(key=lambda c: len(c) < min(batch, 64))
+    eos = set(tokenizer.eos_token_ids)
+    seqs, plens, done = [], [], 0
     start = time.perf_counter()
-    try:
-        while responses := gen.next_generated():
-            for r in responses:
-                tokens[r.uid].append(int(r.token))
-                if r.finish_reason is not None:
-                    done.append(r.uid)
-                    if on_done:
-                        on_done(1)
-            if seconds is not None and time.perf_counter() - start > seconds:
-                break
-    finally:
-        gen.close()
-    done.sort(key=by_uid.__getitem__)
-    keep = [u for u in done if len(tokens[u]) >= 2]  # an anchor needs a label after it
-    seqs = [prompts[by_uid[u]] + tokens[u] for u in keep]
-    return Dataset(seqs, [len(prompts[by_uid[u]]) for u in keep],
-                   {"generated": len(done), "seconds": time.perf_counter() - start,
-                    "max_new": max_new})
+    for chunk in chunks:
+        responses = greedy_batch(model, [prompts[i] for i in chunk], max_new, eos)
+        for i, r in zip(chunk, responses):
+            if len(r) >= 2:  # an anchor needs a label after it
+                seqs.append(prompts[i] + r)
+                plens.append(len(prompts[i]))
+        done += len(chunk)
+        if on_done:
+            on_done(len(chunk))
+        if seconds is not None and time.perf_counter() - start > seconds:
+            break
+    return Dataset(seqs, plens, {"generated": done, "seconds": time.perf_counter() - start,
+                                 "max_new": max_new, "batches": chunks.index(chunk) + 1})
 
 
 # -- batches of blocks --------------------------------------------------------------------
@@ -506,9 +527,13 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             if cfg.train_seconds and time.perf_counter() - train_start > 1.2 * cfg.train_seconds:
                 say(f"out of time at step {step}: stopping early")
                 break
-            if cfg.train_seconds and step - first_step == 10:
-                per_step = (time.perf_counter() - train_start) / 10
-                fits = first_step + int(cfg.train_seconds / per_step)
+            if step - first_step == 5:
+                t5 = time.perf_counter()
+            if cfg.train_seconds and step - first_step == 20:
+                # time steps 5..20 (the first ones include kernel compilation)
+                per_step = (time.perf_counter() - t5) / 15
+                left = cfg.train_seconds - (time.perf_counter() - train_start)
+                fits = step + int(left / per_step)
                 if fits < total:
                     total = max(step + 1, fits)
                     bar.update(task, total=total)

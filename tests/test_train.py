@@ -185,3 +185,16 @@ def test_prompt_set_is_diverse_and_seeded():
     a, b = build_prompts(2000, seed=3), build_prompts(2000, seed=3)
     assert a == b and len({repr(m) for _, m in a}) == 2000
     assert {c for c, _ in a} >= {"chat", "code", "maths", "writing", "explain", "multi_turn"}
+
+
+def test_greedy_batch_equals_single_greedy(pair):
+    from engine.cycle import plain_decode
+    from engine.train import greedy_batch
+
+    _, _, model, tokenizer = pair
+    target = adapter_for(model)
+    prompts = [[5, 17, 40, 2, 99], [7, 61, 88, 9, 33], [1, 2, 3, 4, 5]]
+    got = greedy_batch(model, prompts, 10, eos={10_000})
+    for p, g in zip(prompts, got):
+        want = [t for c in plain_decode(target, p, 10, 64) for t in c.tokens]
+        assert g == want
