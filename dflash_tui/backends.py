@@ -39,8 +39,6 @@ def user_message(exc: BaseException) -> str:
 class RealBackend:
     def __init__(self) -> None:
         self.rt: Any = None
-        self._pair: tuple[str | None, str | None] = (None, None)
-        self._block_size = 0
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
@@ -51,16 +49,14 @@ class RealBackend:
         self.rt = DFlashRuntime.from_pretrained(
             model=model or None, draft=draft or None, config=config, progress=progress
         )
-        self._pair, self._block_size = (model, draft), block_size
         return dict(self.rt.describe())
 
     def stream(
         self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
     ) -> Iterator[Any]:
-        if block_size != self._block_size:
-            # The block size is a load-time setting of the runtime: reload with the new one.
-            self.load(*self._pair, block_size, lambda text, frac: None)
-        return self.rt.stream_generate(prompt, max_tokens=max_tokens)
+        # block_size 0 means the draft's own; the engine takes it per call, no reload.
+        return self.rt.stream_generate(prompt, max_tokens=max_tokens,
+                                       block_size=block_size or None)
 
 
 FAKE_REPLY = (

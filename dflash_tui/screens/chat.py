@@ -28,12 +28,15 @@ COMPACT_WIDTH = 90  # below this many columns the sidebar folds into the speed l
 class ChatScreen(Screen):
     app: DFlashChatApp
 
+    # priority: the prompt's TextArea has its own ctrl+y (redo) and would swallow them.
     BINDINGS = [
         Binding("escape", "stop", "Stop reply", id="chat.stop", priority=True),
-        Binding("ctrl+y", "copy_last", "Copy reply", id="chat.copy_last"),
-        Binding("ctrl+t", "toggle_colours", "Draft colours", id="chat.toggle_colours"),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar"),
-        Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact"),
+        Binding("ctrl+y", "copy_last", "Copy reply", id="chat.copy_last", priority=True),
+        Binding(
+            "ctrl+t", "toggle_colours", "Draft colours", id="chat.toggle_colours", priority=True
+        ),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar", priority=True),
+        Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True),
     ]
 
     DEFAULT_CSS = """

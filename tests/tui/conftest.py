@@ -70,6 +70,12 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 20.0) 
         await asyncio.sleep(0.02)
 
 
+def replies(app) -> list:
+    from dflash_tui.widgets.transcript import MessageView
+
+    return [v for v in app.chat.query(MessageView) if v.role == "assistant"]
+
+
 def engine_ready(app) -> bool:
     return bool(app.chat.query_one("StatsSidebar").info)
 

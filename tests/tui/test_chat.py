@@ -8,13 +8,9 @@ from dflash_tui.widgets.prompt import PromptInput
 from dflash_tui.widgets.sidebar import StatsSidebar
 from dflash_tui.widgets.transcript import MessageView
 
-from .conftest import engine_ready, send, wait_for
+from .conftest import engine_ready, replies, send, wait_for
 
 pytestmark = pytest.mark.asyncio
-
-
-def replies(app) -> list[MessageView]:
-    return [v for v in app.chat.query(MessageView) if v.role == "assistant"]
 
 
 async def test_send_streams_reply_and_sidebar_changes(make_app):
