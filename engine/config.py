@@ -20,7 +20,8 @@ class DFlashConfig:
     enable_tape_replay: bool = True
     # Prefill in chunks of this many tokens to bound peak memory.
     prefill_chunk: int = 512
-    # "float32" | "bfloat16" | "float16" | None (None: fastest for the backend).
+    # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
+    # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
     dtype: str | None = None
     # "auto" picks a fused kernel for the backend when one is proven; "portable" never does.
     kernels: str = "auto"

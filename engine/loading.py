@@ -61,10 +61,9 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
 
 # -- target -------------------------------------------------------------------------------
 def pick_dtype(requested: str | None) -> mx.Dtype | None:
-    """None keeps the checkpoint's dtype on GPU; on CPU float32 is the fast one."""
-    if requested is not None:
-        return getattr(mx, requested)
-    return mx.float32 if mx.default_device() == mx.cpu else None
+    """The dtype asked for, or None: keep the checkpoint's own, exactly as mlx-lm loads it
+    (so greedy output matches mlx-lm's on the same folder; pass float32 for speed on CPU)."""
+    return getattr(mx, requested) if requested is not None else None
 
 
 def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:

@@ -14,7 +14,7 @@ from .cycle import Commit, plain_decode, speculative_decode
 from .draft import DFlashDraft
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target, make_adapter, pick_dtype
+from .loading import Progress, load_draft, load_target, make_adapter
 from .registry import DEFAULT_TARGET
 from .targets.base import TargetAdapter
 
@@ -59,7 +59,8 @@ class DFlashRuntime:
         model_id = model or DEFAULT_TARGET
         target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
         adapter = make_adapter(target_model, config.enable_tape_replay)
-        dtype = pick_dtype(config.dtype) or target_model_dtype(target_model)
+        # The draft computes in the target's dtype (its hidden states feed the draft).
+        dtype = target_model_dtype(target_model)
         draft_model, draft_id = load_draft(model_id, draft, adapter, dtype, progress)
         return cls(target_model, tokenizer, draft_model, config, resolved, draft_id)
 
