@@ -12,15 +12,19 @@ if [[ -d .carry/tok ]]; then  # the tokenizer folder built here, stamped for thi
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 timeout ${TRAIN_TIMEOUT:-470} python3 -m engine.train --model HuggingFaceTB/SmolLM2-135M-Instruct \
-  --out "$OUT/draft" --state-dir /root/state --data /root/state/data.npz \
+  --out /root/draft --state-dir /root/state --data /root/state/data.npz \
   --log "$OUT/train-log.json" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16 \
   --batch ${BATCH:-32} --anchors ${ANCHORS:-64} --lr ${LR:-6e-4} --steps 100000 \
   --max-len 256 --num-prompts 12000 --gen-batch 512 --gen-seconds ${GEN_S:-150} \
   --train-seconds ${TRAIN_S:-250} --val-every 200 --checkpoint-every 200 --val-size 64 \
   --head-dtype bfloat16 --save-dtype bfloat16 --no-progress 2>&1 | tee "$OUT/train.log"
 cp /root/state/data.npz "$OUT/data.npz" 2>/dev/null
+# files come back only under 16 MB each: split the weights in two (merged again on return)
+cp /root/draft/config.json "$OUT/config.json"
+python3 -c "import mlx.core as mx; w = mx.load('/root/draft/model.safetensors'); k = sorted(w); \
+[mx.save_safetensors(f'$OUT/weights-{i}.safetensors', {n: w[n] for n in k[i::2]}) for i in (0, 1)]"
 # Real speculative decoding with the trained draft on fresh prompts (not the eval sets).
-timeout ${CHECK_TIMEOUT:-50} python3 - "$OUT/draft" <<'PY' 2>&1 | tee "$OUT/check.log"
+timeout ${CHECK_TIMEOUT:-50} python3 - /root/draft <<'PY' 2>&1 | tee "$OUT/check.log"
 import sys
 from pathlib import Path
 from engine.loading import load_draft_folder, load_target
@@ -35,4 +39,4 @@ for cat, msgs in build_prompts(400, seed=777)[::50]:
     print(f"{cat:10s} tokens {len(spec.tokens):3d} tokens/cycle {tpc:.2f} "
           f"lossless {spec.tokens == plain.tokens}", flush=True)
 PY
-ls -la "$OUT" "$OUT/draft"
+ls -la "$OUT" /root/draft
