@@ -6,7 +6,13 @@ freely; the runtime (and MLX) loads on first use of `DFlashRuntime` / `DFlashCon
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# Verify runs 16-row float32 GEMMs where plain decoding runs 1-row GEMVs. MLX may compute the
+# former in TF32 (its default on CUDA and M5 GPUs), which flips near-ties and breaks the
+# token-for-token equality with greedy decoding. Full fp32 unless the user chose otherwise.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 from .errors import DFlashError
 from .events import CycleStats, Finished, GenerationResult, RunningStats, Span

@@ -521,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--block-size", type=int, help="draft block size (default: the draft's)")
     p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="target dtype (default: the checkpoint's; the GGUF target: float32 on "
+                        "CPU, bfloat16 on GPU)")
     p.add_argument("--no-warmup", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the full report here")
     return p
@@ -555,7 +558,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         from .runtime import DFlashRuntime
 
         try:
-            config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx)
+            config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
+                                  dtype=args.dtype)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

@@ -53,6 +53,7 @@ class TrainConfig:
     prompt_seed: int = 0
     data: str | None = None
     resume: bool = False
+    init: str | None = None  # start from this draft folder (its shape, taps and mask id)
     checkpoint_every: int = 500
     val_every: int = 250
     val_size: int = 64
@@ -476,10 +477,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     mask_id = cfg.mask_token_id
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
-    draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
-    # Start the output norm at the target's final norm: the draft's hidden states feed the
-    # target's lm_head, so this begins with logits on the target's scale.
-    draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
+    if cfg.init:
+        from .loading import load_draft_folder
+
+        draft = load_draft_folder(Path(cfg.init), mx.float32)
+        mask_id = draft.args.mask_token_id
+        say(f"initialised from {cfg.init}")
+    else:
+        draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
+        # Start the output norm at the target's final norm: the draft's hidden states feed
+        # the target's lm_head, so this begins with logits on the target's scale.
+        draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
@@ -608,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-seed", type=int, default=d.prompt_seed)
     p.add_argument("--data", help="dataset .npz to reuse (or to write, if missing)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
+    p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--val-every", type=int, default=d.val_every)
     p.add_argument("--val-size", type=int, default=d.val_size, help="held-out sequences")
@@ -628,8 +637,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train_draft_main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    from .errors import DFlashError
+
     args = vars(build_parser().parse_args(argv))
-    train(TrainConfig(**args))
+    try:
+        train(TrainConfig(**args))
+    except DFlashError as exc:
+        print(f"dflash train-draft: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: continue with --resume", file=sys.stderr)
+        return 130
     return 0
 
 
