@@ -365,7 +365,8 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
                      "no_eos": no_eos, "warmup": warmup, "greedy": True,
                      "prefill_step": rt.config.prefill_chunk,
-                     "block_size": rt.block_size, "max_ctx": rt.config.max_ctx},
+                     "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
+                     "sync_phases": rt.config.sync_phases},
         "baseline_function": baseline_function(no_eos),
         "prompt_format": prompt_format,
         "definitions": definitions(),
@@ -384,7 +385,9 @@ def definitions() -> dict:
         "token_match": "DFlash tokens == baseline tokens (up to EOS, or all max_tokens with "
                        "no_eos), on every repeat",
         "cycle_profile": "seconds summed over cycles by phase (median over repeats); "
-                         "cycle_profile_per_cycle divides by cycles",
+                         "cycle_profile_per_cycle divides by cycles. With settings.sync_phases "
+                         "(--profile) each phase is evaluated on its own (device time); "
+                         "without, phases overlap and these are host-side times",
         "repeats": "timings are medians over --repeat runs of each prompt",
         **DEFINITIONS,
     }
@@ -521,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--block-size", type=int, help="draft block size (default: the draft's)")
     p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--profile", action="store_true",
+                   help="evaluate each cycle phase separately: exact per-phase device times "
+                        "(adds a few syncs per cycle)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="target dtype (default: the checkpoint's; the GGUF target: float32 on "
                         "CPU, bfloat16 on GPU)")
@@ -559,7 +565,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
 
         try:
             config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                                  dtype=args.dtype)
+                                  dtype=args.dtype, sync_phases=args.profile)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

@@ -23,6 +23,9 @@ class DFlashConfig:
     # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
     # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
     dtype: str | None = None
+    # Evaluate each cycle phase on its own for exact per-phase device times (benchmarks). Off,
+    # phases overlap (async_eval) and the profile holds host-side times only.
+    sync_phases: bool = False
     # "auto" picks a fused kernel for the backend when one is proven; "portable" never does.
     kernels: str = "auto"
 

@@ -50,7 +50,7 @@ def test_portable_on_cpu_and_by_default():
 def test_native_registers_only_when_present_and_enabled(registry, backend):
     env = kernels.ENABLE_ENV[backend]
     registry.setattr(kernels, "backend_present", lambda b: b == backend)
-    registry.delenv(env, raising=False)
+    registry.setenv(env, "0")
     kernels.register_native()
     assert kernels.NATIVE == {} and select(backend) is PORTABLE
 
@@ -67,6 +67,14 @@ def test_native_registers_only_when_present_and_enabled(registry, backend):
     registry.setattr(kernels, "backend_present", lambda b: False)  # enabled, absent
     kernels.register_native()
     assert kernels.NATIVE == {}
+
+
+def test_cuda_on_by_default_metal_opt_in(registry):
+    registry.setattr(kernels, "backend_present", lambda b: True)
+    registry.delenv("DFLASH_CUDA_KERNELS", raising=False)
+    registry.delenv("DFLASH_METAL_KERNELS", raising=False)
+    kernels.register_native()
+    assert set(kernels.NATIVE) == {"cuda"}
 
 
 def test_other_flag_values_do_not_enable(registry):

@@ -1,9 +1,10 @@
 """GatedDeltaNet verify/replay kernels, picked once per backend.
 
 The portable pure-MLX implementation runs anywhere. Fused CUDA/Metal kernels register in
-`NATIVE` under their backend name, only when that backend is present AND they are enabled
-(DFLASH_CUDA_KERNELS=1 / DFLASH_METAL_KERNELS=1: off until proven exact on the device);
-`select` in "auto" mode prefers them.
+`NATIVE` under their backend name, only when that backend is present AND they are enabled.
+CUDA: on by default since scripts/gpu_checks.py passed on an H200 (benchmarks/gpu_checks-h200
+.json); DFLASH_CUDA_KERNELS=0 turns them off. Metal: never run yet, so off unless
+DFLASH_METAL_KERNELS=1. `select` in "auto" mode prefers them.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ PORTABLE = GatedDeltaKernels("portable", gated_delta_verify, tape_replay)
 # Native kernels, keyed by backend ("cuda", "metal"); filled by `register_native`.
 NATIVE: dict[str, GatedDeltaKernels] = {}
 ENABLE_ENV = {"cuda": "DFLASH_CUDA_KERNELS", "metal": "DFLASH_METAL_KERNELS"}
+PROVEN = {"cuda": "1", "metal": "0"}  # default of each flag: "1" once proven on hardware
 
 
 def native_enabled(backend: str) -> bool:
-    return os.environ.get(ENABLE_ENV[backend], "0") == "1"
+    return os.environ.get(ENABLE_ENV[backend], PROVEN[backend]) == "1"
 
 
 def native_kernels(backend: str) -> GatedDeltaKernels:
