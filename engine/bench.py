@@ -528,8 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="target dtype (default: the checkpoint's; the GGUF target: float32 on "
-                        "CPU, bfloat16 on GPU)")
+                   help="target dtype (default: the checkpoint's; the GGUF target: float32)")
     p.add_argument("--no-warmup", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the full report here")
     return p
