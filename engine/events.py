@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def acceptance_rate(speculative: bool, cycles: int, tokens: int) -> float:
+    """accepted / generated = 1 - cycles / tokens, as dflash-mlx reports it."""
+    if not speculative or tokens == 0:
+        return 0.0
+    return max(0.0, 1.0 - cycles / tokens)
+
+
 @dataclass(frozen=True)
 class CycleStats:
     """One draft -> verify -> accept cycle."""
@@ -40,23 +51,21 @@ class RunningStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.generated / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return ratio(self.generated, self.elapsed_s)
 
     @property
     def decode_tokens_per_second(self) -> float:
         # Tokens after the first over the time after the first.
-        return (self.generated - 1) / self.decode_s if self.decode_s > 0 else 0.0
+        return ratio(self.generated - 1, self.decode_s)
 
     @property
     def acceptance_rate(self) -> float:
-        """accepted / generated = 1 - cycles / tokens, as dflash-mlx reports it."""
-        if not self.speculative or self.generated == 0:
-            return 0.0
-        return max(0.0, 1.0 - self.cycles / self.generated)
+        return acceptance_rate(self.speculative, self.cycles, self.generated)
 
     @property
     def tokens_per_cycle(self) -> float:
-        return self.generated / self.cycles if self.cycles else 0.0
+        # The first token comes from prefill, not from a cycle.
+        return ratio(self.generated - 1, self.cycles)
 
 
 @dataclass(frozen=True)
@@ -103,24 +112,19 @@ class GenerationResult:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.total_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return ratio(self.total_tokens, self.elapsed_s)
 
     @property
     def decode_tokens_per_second(self) -> float:
-        return (self.total_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
+        return ratio(self.total_tokens - 1, self.decode_s)
 
     @property
     def acceptance_rate(self) -> float:
-        """accepted / generated = 1 - cycles / tokens (dflash-mlx's definition)."""
-        if not self.speculative or not self.tokens:
-            return 0.0
-        return max(0.0, 1.0 - self.cycles / self.total_tokens)
+        return acceptance_rate(self.speculative, self.cycles, self.total_tokens)
 
     @property
     def tokens_per_cycle(self) -> float:
-        if not self.cycle_tokens:
-            return 0.0
-        return sum(self.cycle_tokens) / len(self.cycle_tokens)
+        return ratio(sum(self.cycle_tokens), len(self.cycle_tokens))
 
 
 @dataclass(frozen=True)
