@@ -17,7 +17,7 @@ def row(path: Path) -> str:
     cores = report["machine"].get("cpu_count")
     extra = f", {cores} cores" if report["backend"] == "cpu" else ""
     where = f"{report['backend']} ({machine}{extra})"
-    suite = path.stem.split("-")[1]
+    suite = path.stem.split("-", 1)[1].rsplit("-", 1)[0]  # smollm2-<suite...>-<machine>
     return (f"| {suite} ({path.name}) | {where}, {report['dtype']} | {s['runs']} | "
             f"{report['settings']['max_tokens']} | {s['baseline_tokens_per_second_median']:.1f} | "
             f"{s['dflash_tokens_per_second_median']:.1f} | {s['speedup_median']:.2f}x | "
