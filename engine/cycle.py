@@ -92,7 +92,7 @@ Proposer = Callable[[int, int, int], mx.array]  # (staged, size, position) -> ve
 def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, draft_cache: list[Any] | None = None,
-                       proposer: Proposer | None = None, sync_phases: bool = True
+                       proposer: Proposer | None = None, sync_phases: bool = False
                        ) -> Iterator[Commit]:
     """Caches may be passed in (empty) to inspect them; `proposer` replaces the draft's
     proposals (tests use an oracle that knows the target's continuation)."""

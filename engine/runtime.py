@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -218,5 +218,3 @@ def target_model_dtype(model: nn.Module) -> mx.Dtype:
     inner = getattr(model, "language_model", model).model
     return inner.norm.weight.dtype
 
-
-ProgressCallback = Callable[[str, "float | None"], None]
