@@ -366,7 +366,8 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "no_eos": no_eos, "warmup": warmup, "greedy": True,
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
-                     "sync_phases": rt.config.sync_phases},
+                     "sync_phases": rt.config.sync_phases,
+                     "adaptive_block": rt.config.adaptive_block},
         "baseline_function": baseline_function(no_eos),
         "prompt_format": prompt_format,
         "definitions": definitions(),
@@ -524,6 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--block-size", type=int, help="draft block size (default: the draft's)")
     p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--adaptive-block", action="store_true",
+                   help="size each cycle's block from recent acceptance (up to --block-size)")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -564,7 +567,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
 
         try:
             config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                                  dtype=args.dtype, sync_phases=args.profile)
+                                  dtype=args.dtype, sync_phases=args.profile,
+                                  adaptive_block=args.adaptive_block)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

@@ -14,6 +14,8 @@ MAX_BLOCK_SIZE = 16
 class DFlashConfig:
     # None: use the draft checkpoint's block_size (16 for the published drafts).
     draft_block_size: int | None = None
+    # Pick each cycle's block size (2..draft_block_size) from the recent accepted runs.
+    adaptive_block: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # GatedDeltaNet rollback: replay the recorded tape (True) or re-run accepted steps.

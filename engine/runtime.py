@@ -126,7 +126,8 @@ class DFlashRuntime:
         if use_draft:
             commits = speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
                                          self.config.prefill_chunk,
-                                         sync_phases=self.config.sync_phases)
+                                         sync_phases=self.config.sync_phases,
+                                         adaptive=self.config.adaptive_block)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)

@@ -167,3 +167,20 @@ def test_chat_messages_use_the_template(tiny_pairs):
     ids = rt.encode(messages)
     assert rt.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
     assert rt.generate(messages, max_tokens=5, no_eos=True).total_tokens == 5
+
+
+def test_adaptive_block_sizes_follow_acceptance_and_stay_lossless(tiny_pairs):
+    from engine.cycle import AdaptiveBlock
+
+    policy = AdaptiveBlock(16)
+    assert policy.size() == 16
+    for _ in range(20):
+        policy.update(0)
+    assert policy.size() == 2  # a draft that never lands: verify 2, not 16
+    for _ in range(20):
+        policy.update(15)
+    assert policy.size() == 16  # loops: back to the full block
+    rt = load(tiny_pairs, "qwen3_5", adaptive_block=True)
+    ids = rt.encode("Hello world")
+    result = rt.generate(ids, max_tokens=60, no_eos=True)
+    assert result.tokens == mlx_lm_greedy(rt, ids, 60)
