@@ -14,7 +14,6 @@ from mlx.utils import tree_flatten, tree_map
 from .draft import DFlashDraft, DraftArgs
 from .errors import DraftCheckpointError, ModelNotAvailable, PairingError, UnsupportedModel
 from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, supported_pairs_text
-from .targets import adapter_for
 from .targets.base import TargetAdapter
 
 Progress = Callable[[str, "float | None"], None]
@@ -223,6 +222,3 @@ def load_draft(model_id: str, draft: str | None, target: TargetAdapter,
     _say(progress, f"loading draft {draft_id}")
     return load_draft_folder(path, dtype), draft_id
 
-
-def make_adapter(model: nn.Module, enable_tape_replay: bool) -> TargetAdapter:
-    return adapter_for(model, enable_tape_replay=enable_tape_replay)

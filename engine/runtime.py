@@ -14,19 +14,13 @@ from .cycle import Commit, plain_decode, speculative_decode
 from .draft import DFlashDraft
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target, make_adapter
+from .kernels import current_backend
+from .loading import Progress, load_draft, load_target
 from .registry import DEFAULT_TARGET
+from .targets import adapter_for
 from .targets.base import TargetAdapter
 
 Prompt = str | Sequence[dict] | Sequence[int]
-
-
-def backend_name() -> str:
-    if mx.default_device() == mx.cpu:
-        return "cpu"
-    if mx.metal.is_available():
-        return "metal"
-    return "cuda"
 
 
 def peak_memory() -> int:
@@ -39,12 +33,13 @@ def peak_memory() -> int:
 class DFlashRuntime:
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
-                 draft_id: str = "draft"):
+                 draft_id: str = "draft", target: TargetAdapter | None = None):
         self.config = config or DFlashConfig()
         self.model = model
         self.tokenizer = tokenizer
         self.draft = draft
-        self.target: TargetAdapter = make_adapter(model, self.config.enable_tape_replay)
+        self.target = target or adapter_for(model, self.config.enable_tape_replay,
+                                            self.config.kernels)
         self.target_id, self.draft_id = target_id, draft_id
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
@@ -58,11 +53,11 @@ class DFlashRuntime:
         config = config or DFlashConfig()
         model_id = model or DEFAULT_TARGET
         target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
-        adapter = make_adapter(target_model, config.enable_tape_replay)
+        adapter = adapter_for(target_model, config.enable_tape_replay, config.kernels)
         # The draft computes in the target's dtype (its hidden states feed the draft).
         dtype = target_model_dtype(target_model)
         draft_model, draft_id = load_draft(model_id, draft, adapter, dtype, progress)
-        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id)
+        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter)
 
     # -- prompts -----------------------------------------------------------------------
     def encode(self, prompt: Prompt, chat_template_args: dict | None = None) -> list[int]:
@@ -94,7 +89,7 @@ class DFlashRuntime:
         return {
             "target": self.target_id,
             "draft": self.draft_id,
-            "backend": backend_name(),
+            "backend": current_backend(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
             "block_size": self.block_size,
             "max_ctx": self.config.max_ctx,

@@ -294,17 +294,14 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                   block_size: int = 16, iters: int = 10, seed: int = 0,
                   kernels: str = "auto", draft_cost: bool = True, warmup: bool = True) -> dict:
     from .bench import blas_info, machine_info, versions
-    from .kernels import PORTABLE
-    from .loading import make_adapter
-    from .runtime import backend_name
+    from .kernels import current_backend
+    from .targets import adapter_for
 
-    backend = backend_name()
+    backend = current_backend()
     dtype = dtype or ("float32" if backend == "cpu" else "bfloat16")
     built = time.perf_counter()
     model = build_target(name, layers, overrides, dtype, seed)
-    target = make_adapter(model, enable_tape_replay=True)
-    if kernels == "portable" and hasattr(target, "kernels"):
-        target.kernels = PORTABLE
+    target = adapter_for(model, enable_tape_replay=True, kernels=kernels)
     dargs = draft_args(name, target, draft_overrides)
     draft = build_draft(dargs, dtype, seed + 1)
     build_s = time.perf_counter() - built

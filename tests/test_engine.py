@@ -184,3 +184,13 @@ def test_adaptive_block_sizes_follow_acceptance_and_stay_lossless(tiny_pairs):
     ids = rt.encode("Hello world")
     result = rt.generate(ids, max_tokens=60, no_eos=True)
     assert result.tokens == mlx_lm_greedy(rt, ids, 60)
+
+
+def test_config_kernels_mode_reaches_the_adapter(tiny_pairs, monkeypatch):
+    from engine import kernels
+
+    fake = kernels.GatedDeltaKernels("fake-native", kernels.gated_delta_verify,
+                                     kernels.tape_replay)
+    monkeypatch.setitem(kernels.NATIVE, kernels.current_backend(), fake)
+    assert load(tiny_pairs, "qwen3_5").target.kernels is fake
+    assert load(tiny_pairs, "qwen3_5", kernels="portable").target.kernels is kernels.PORTABLE

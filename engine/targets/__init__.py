@@ -9,7 +9,9 @@ from .attention import AttentionAdapter
 from .base import TargetAdapter, text_args
 
 
-def adapter_for(model: nn.Module, enable_tape_replay: bool = True) -> TargetAdapter:
+def adapter_for(model: nn.Module, enable_tape_replay: bool = True,
+                kernels: str = "auto") -> TargetAdapter:
+    """The adapter for this model's family; `kernels` is DFlashConfig.kernels."""
     model_type = getattr(getattr(model, "args", None), "model_type", None) or text_args(
         model
     ).model_type
@@ -18,7 +20,10 @@ def adapter_for(model: nn.Module, enable_tape_replay: bool = True) -> TargetAdap
     from .gated_delta import GatedDeltaAdapter
 
     if model_type in GatedDeltaAdapter.model_types:
-        return GatedDeltaAdapter(model, enable_tape_replay=enable_tape_replay)
+        from ..kernels import select
+
+        return GatedDeltaAdapter(model, enable_tape_replay=enable_tape_replay,
+                                 kernels=select(mode=kernels))
     supported = AttentionAdapter.model_types + GatedDeltaAdapter.model_types
     raise UnsupportedModel(
         f"model_type {model_type!r} has no DFlash target adapter yet. Supported: "
