@@ -1,13 +1,20 @@
 """A seeded, templated prompt set for training drafts: chat, code, maths, writing,
-explanations, rewriting, role-play and multi-turn conversations.
+explanations, rewriting, role-play, reasoning, extraction and multi-turn conversations.
 
-Every prompt is built here from small word lists and templates (no benchmark data): the
-draft only needs prompts that make the target talk the way it will talk for users.
+Every prompt is built here from small word lists and templates, plus real functions of the
+Python standard library (their names, signatures, docstrings and source) for code prompts
+with the variety real code has. No benchmark data: the draft only needs prompts that make
+the target talk the way it will talk for users.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
+import inspect
 import random
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -233,6 +240,161 @@ def multi_turn(rng: random.Random) -> Messages:
                     {"role": "user", "content": _pick(rng, FOLLOW_UPS)}]
 
 
+# Standard-library modules whose public functions and methods become code prompts: pure
+# Python, present on every CPython 3.10+, no side effects on import.
+STDLIB_MODULES = (
+    "string", "textwrap", "statistics", "fractions", "heapq", "bisect", "functools",
+    "posixpath", "shutil", "json", "csv", "calendar", "colorsys", "difflib", "fnmatch",
+    "glob", "html", "ipaddress", "random", "shlex", "urllib.parse", "base64", "datetime",
+    "collections", "copy", "pprint", "email.utils", "mimetypes", "tokenize", "ast",
+    "argparse", "logging", "gettext", "locale", "quopri", "uu", "wave", "zipfile",
+    "tarfile", "configparser", "enum", "dataclasses", "graphlib", "numbers", "operator",
+    "pathlib", "platform", "plistlib", "secrets", "sched", "smtplib", "socketserver",
+    "sre_parse", "tempfile", "timeit", "trace", "types", "typing", "uuid", "warnings",
+    "weakref", "webbrowser", "xml.dom.minidom", "zipapp", "http.cookies", "http.client",
+    "urllib.request", "email.message", "email.header", "imaplib", "ftplib", "pdb", "cmd",
+    "code", "codeop", "dis", "pickletools", "queue", "threading", "asyncio.queues",
+    "concurrent.futures._base", "contextlib", "filecmp", "fileinput", "netrc", "optparse",
+)
+
+
+@dataclass(frozen=True)
+class StdlibFunction:
+    name: str  # qualified inside its module: func or Class.method
+    signature: str  # "(a, b=1)" without self
+    doc: str  # first paragraph of the docstring, one line
+    source: str  # the body as written, dedented (empty when not available or too long)
+
+
+def _first_paragraph(doc: str) -> str:
+    text = inspect.cleandoc(doc).split("\n\n")[0]
+    return " ".join(text.split())
+
+
+@functools.lru_cache(maxsize=1)
+def stdlib_functions() -> tuple[StdlibFunction, ...]:
+    """Public, documented functions and methods of STDLIB_MODULES, sorted by name (the same
+    set for the same Python version)."""
+    found: dict[str, StdlibFunction] = {}
+    for mod_name in STDLIB_MODULES:
+        try:
+            with _quiet_warnings():
+                module = importlib.import_module(mod_name)
+        except Exception:  # a module that a Python build lacks (or deprecated away)
+            continue
+        candidates = []
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if inspect.isfunction(obj):
+                candidates.append((name, obj))
+            elif inspect.isclass(obj):
+                candidates += [(f"{name}.{m}", f) for m, f in vars(obj).items()
+                               if inspect.isfunction(f) and not m.startswith("_")]
+        for qual, fn in candidates:
+            entry = _describe(qual, fn)
+            if entry:
+                found[f"{mod_name}.{qual}"] = entry
+    return tuple(found[k] for k in sorted(found))
+
+
+def _describe(qual: str, fn: Callable) -> StdlibFunction | None:
+    doc = fn.__doc__ and _first_paragraph(fn.__doc__)
+    if not doc or len(doc) < 20 or len(doc) > 400:
+        return None
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    signature = str(sig.replace(parameters=params, return_annotation=sig.empty))
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        source = ""
+    if source.count("\n") > 30:
+        source = ""
+    return StdlibFunction(qual, signature, doc, source)
+
+
+@contextlib.contextmanager
+def _quiet_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def stdlib_code(rng: random.Random) -> Messages:
+    funcs = stdlib_functions()
+    if not funcs:  # a Python without sources: fall back to the templated tasks
+        return code(rng)
+    fn = funcs[rng.randrange(len(funcs))]
+    short = fn.name.split(".")[-1]
+    doc = fn.doc[0].lower() + fn.doc[1:]
+    wrapped = textwrap.fill(fn.doc, 84, subsequent_indent="    ")
+    stub = f'def {short}{fn.signature}:\n    """{wrapped}\n    """\n'
+    asks = [
+        f"Complete the following Python function.\n\n```python\n{stub}```",
+        f"Write a Python function `{short}{fn.signature}`. Its docstring says: {fn.doc}",
+        f"Implement `{short}` in {_pick(rng, LANGS)}: {doc}",
+        f"{stub}",
+        f"Write unit tests for this Python function:\n\n```python\n{stub}```",
+    ]
+    if fn.source:
+        asks += [
+            f"Explain what this Python code does:\n\n```python\n{fn.source}```",
+            f"Review this Python function and suggest improvements:\n\n```python\n{fn.source}```",
+            f"Add comments to this code:\n\n```python\n{fn.source}```",
+            f"Rewrite this function in {_pick(rng, LANGS[3:])}:\n\n```python\n{fn.source}```",
+        ]
+    ask, extra = _pick(rng, asks), _pick(rng, CODE_EXTRAS).strip()
+    return _user(f"{ask}\n\n{extra}" if extra and ask.endswith("`") else f"{ask} {extra}".strip())
+
+
+PUZZLES = [
+    "{a} is taller than {b}, and {b} is taller than {c}. Who is the shortest?",
+    "If all {x} are {y} and some {y} are {z}, must some {x} be {z}? Explain.",
+    "{a} has twice as many {item} as {b}. Together they have {n3} {item}. How many does {a} "
+    "have?",
+    "A farmer has chickens and cows: {n1} heads and {n2} legs in total. How many of each?",
+    "Which is heavier: a kilogram of {item} or a kilogram of feathers? Explain.",
+    "{a}, {b} and {c} each own one pet: a cat, a dog and a fish. {a} is allergic to fur and "
+    "{b} does not own the dog. Who owns which pet?",
+    "What comes next in the sequence {s}? Explain the pattern.",
+    "A clock shows {h}:{m:02d}. What is the angle between the hour and minute hands?",
+]
+WORDS = ["cats", "birds", "robots", "teachers", "musicians", "painters", "doctors", "pilots"]
+
+
+def reasoning(rng: random.Random) -> Messages:
+    a, b, c = rng.sample(NAMES, 3)
+    x, y, z = rng.sample(WORDS, 3)
+    heads = rng.randint(8, 40)
+    cows = rng.randint(1, heads - 1)
+    start, step = rng.randint(1, 9), rng.randint(2, 7)
+    seq = ", ".join(str(start + step * i * i) for i in range(5))
+    text = _pick(rng, PUZZLES).format(
+        a=a, b=b, c=c, x=x, y=y, z=z, item=_pick(rng, ITEMS), n3=3 * rng.randint(4, 40),
+        n1=heads, n2=2 * heads + 2 * cows, s=seq, h=rng.randint(1, 12), m=rng.randrange(0, 60, 5))
+    return _user(text + _pick(rng, ["", "", " Think step by step.", " Be concise."]))
+
+
+def extraction(rng: random.Random) -> Messages:
+    people = rng.sample(NAMES, 3)
+    places = rng.sample(PLACES, 3)
+    rows = [f"{p} moved to {pl} in {rng.randint(1990, 2024)} to work on {_pick(rng, TOPICS)}."
+            for p, pl in zip(people, places)]
+    text = " ".join(rows)
+    return _user(_pick(rng, [
+        f"Extract every person, place and year from this text as a JSON list:\n\n{text}",
+        f"Make a markdown table with columns name, place, year and topic:\n\n{text}",
+        f"Who moved most recently? Answer from the text only.\n\n{text}",
+        f"List the topics mentioned in this text, one per line:\n\n{text}",
+    ]))
+
+
 @dataclass(frozen=True)
 class Category:
     name: str
@@ -241,10 +403,12 @@ class Category:
 
 
 CATEGORIES = (
-    Category("chat", 0.14, chat), Category("explain", 0.12, explain),
-    Category("writing", 0.12, writing), Category("roleplay", 0.05, roleplay),
-    Category("rewrite", 0.07, rewrite), Category("code", 0.22, code),
-    Category("maths", 0.20, maths), Category("multi_turn", 0.08, multi_turn),
+    Category("chat", 0.11, chat), Category("explain", 0.10, explain),
+    Category("writing", 0.10, writing), Category("roleplay", 0.04, roleplay),
+    Category("rewrite", 0.05, rewrite), Category("code", 0.10, code),
+    Category("stdlib_code", 0.16, stdlib_code), Category("maths", 0.18, maths),
+    Category("reasoning", 0.06, reasoning), Category("extraction", 0.04, extraction),
+    Category("multi_turn", 0.06, multi_turn),
 )
 
 

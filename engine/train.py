@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import platform
 import random
 import time
@@ -52,6 +53,7 @@ class TrainConfig:
     num_prompts: int = 4000
     prompt_seed: int = 0
     data: str | None = None
+    extra_data: list[str] = field(default_factory=list)  # more .npz datasets to train on
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
     checkpoint_every: int = 500
@@ -106,10 +108,17 @@ class Dataset:
         return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
 
     def split(self, n_val: int) -> tuple[Dataset, Dataset]:
+        """Hold out `n_val` sequences spread evenly over the file: generation runs in groups
+        of equal prompt length, so the tail alone would be one group (one template, often
+        an easy one) and overstate tokens/cycle."""
         n_val = min(n_val, len(self) // 5)
-        cut = len(self) - n_val
-        return (Dataset(self.sequences[:cut], self.prompt_lens[:cut], self.meta),
-                Dataset(self.sequences[cut:], self.prompt_lens[cut:], self.meta))
+        held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist()) \
+            if n_val else set()
+        parts: tuple[list[int], list[int]] = ([], [])
+        for i in range(len(self)):
+            parts[i in held].append(i)
+        return tuple(Dataset([self.sequences[i] for i in idx],  # type: ignore[return-value]
+                             [self.prompt_lens[i] for i in idx], self.meta) for idx in parts)
 
 
 def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
@@ -126,8 +135,13 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
     runs exactly as for a single prompt. Each response ends at its first EOS (kept)."""
     from mlx_lm.models.cache import make_prompt_cache
 
+    from .targets import adapter_for
+
     cache = make_prompt_cache(model)
-    tok = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1], axis=-1)
+    # the head on the last position only: full-prompt logits of a big batch would not fit
+    target = adapter_for(model)
+    hidden = target.inner(mx.array(prompts), cache=cache)[:, -1]
+    tok = mx.argmax(target.lm_head(hidden), axis=-1)
     steps, finished = [tok], mx.zeros(tok.shape, dtype=mx.bool_)
     eos_ids = mx.array(sorted(eos))
     for i in range(1, max_new):
@@ -473,6 +487,16 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         data.save(data_path)
     gen_s = time.perf_counter() - t0
     train_set, val_set = data.split(cfg.val_size)
+    for extra in cfg.extra_data:  # training only: validation stays on the main data
+        if not Path(extra).is_file():
+            from .errors import ConfigError
+
+            raise ConfigError(f"--extra-data {extra}: no such file (a .npz written by "
+                              "train-draft, e.g. OUT/resume/data.npz)")
+        more = Dataset.load(Path(extra))
+        train_set = Dataset(more.sequences + train_set.sequences,
+                            more.prompt_lens + train_set.prompt_lens, train_set.meta)
+        say(f"data: + {len(more)} sequences from {extra}")
 
     mask_id = cfg.mask_token_id
     if mask_id is None:
@@ -587,7 +611,8 @@ def _env() -> dict:
     with contextlib.suppress(Exception):  # older MLX / no device info
         device += f" ({mx.device_info().get('device_name', '')})"
     return {"mlx": mx.__version__, "mlx_lm": md.version("mlx-lm"), "python":
-            platform.python_version(), "device": device, "machine": platform.machine()}
+            platform.python_version(), "device": device, "machine": platform.machine(),
+            "tf32": os.environ.get("MLX_ENABLE_TF32")}
 
 
 # -- CLI ----------------------------------------------------------------------------------
@@ -615,6 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--prompt-seed", type=int, default=d.prompt_seed)
     p.add_argument("--data", help="dataset .npz to reuse (or to write, if missing)")
+    p.add_argument("--extra-data", action="append", default=[], metavar="NPZ",
+                   help="another dataset to train on too (repeatable; not validated on)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
     p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)

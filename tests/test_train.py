@@ -28,6 +28,7 @@ from engine.train import (
     target_taps,
     tokens_per_cycle,
     train,
+    train_draft_main,
     train_forward,
 )
 
@@ -181,10 +182,36 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
     assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
 
 
+def test_extra_data_adds_training_sequences_only(pair, tmp_path):
+    target_dir, *_ = pair
+    extra = Dataset([[1, 2, 3, 4, 5, 6]] * 7, [2] * 7)
+    extra.save(tmp_path / "extra.npz")
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--depth", "1",
+            "--taps", "1", "--steps", "2", "--batch", "2", "--anchors", "2", "--max-len", "6",
+            "--num-prompts", "10", "--gen-batch", "10", "--val-size", "2", "--no-progress",
+            "--extra-data", str(tmp_path / "extra.npz")]
+    log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+    assert log["data"]["train_sequences"] == log["data"]["sequences"] - 2 + 7
+    assert log["data"]["val_sequences"] == 2
+    bad = train_draft_main(argv[:-1] + [str(tmp_path / "missing.npz")])
+    assert bad == 2
+
+
+def test_validation_split_spans_the_whole_dataset():
+    # generation runs in equal-prompt-length groups: a tail split would be one group
+    data = Dataset([[i, i + 1, i + 2] for i in range(100)], [1] * 100)
+    train_set, val_set = data.split(10)
+    firsts = [s[0] for s in val_set.sequences]
+    assert len(val_set) == 10 and len(train_set) == 90
+    assert firsts[0] == 0 and firsts[-1] == 99 and max(firsts[1:5]) < 50
+    assert not {tuple(s) for s in val_set.sequences} & {tuple(s) for s in train_set.sequences}
+
+
 def test_prompt_set_is_diverse_and_seeded():
     a, b = build_prompts(2000, seed=3), build_prompts(2000, seed=3)
     assert a == b and len({repr(m) for _, m in a}) == 2000
-    assert {c for c, _ in a} >= {"chat", "code", "maths", "writing", "explain", "multi_turn"}
+    assert {c for c, _ in a} >= {"chat", "code", "maths", "writing", "explain", "multi_turn",
+                                 "stdlib_code", "reasoning", "extraction"}
 
 
 def test_greedy_batch_equals_single_greedy(pair):
