@@ -168,3 +168,26 @@ def test_kernels_match_mlx_lm_ops(vector_gate):
     for keep in (1, 7):
         rerun = gated_delta_verify(*(x[:, :keep] for x in (q, k, v, g, beta)), state)[1]
         assert mx.array_equal(tape_replay(state, tape, keep), rerun).item()
+
+
+def test_warm_up_compiles_both_kernels_once_and_only_for_native(model):
+    """Native kernels JIT-compile on first use (seconds on the H200): warm_up reaches the
+    verify and the replay kernel before the first reply; the portable path skips it."""
+    from engine.kernels import GatedDeltaKernels
+
+    calls = {"verify": 0, "replay": 0}
+
+    def verify(*args):
+        calls["verify"] += 1
+        return gated_delta_verify(*args)
+
+    def replay(*args):
+        calls["replay"] += 1
+        return tape_replay(*args)
+
+    GatedDeltaAdapter(model, kernels=GatedDeltaKernels("counting", verify, replay)).warm_up()
+    assert calls["verify"] >= 1 and calls["replay"] >= 1
+
+    calls.update(verify=0, replay=0)  # the portable path has nothing to compile: no forward
+    GatedDeltaAdapter(model, kernels=GatedDeltaKernels("portable", verify, replay)).warm_up()
+    assert calls == {"verify": 0, "replay": 0}

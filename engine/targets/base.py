@@ -76,6 +76,10 @@ class TargetAdapter:
     def _first_kv_index(self) -> int:
         return 0
 
+    def warm_up(self) -> None:
+        """Compile whatever the target's verify and rollback will need (nothing here:
+        attention layers use MLX's built-in kernels)."""
+
     def begin_verify(self, cache: list[Any]) -> None:
         """Called before a forward whose tokens may be partly rolled back."""
 
