@@ -367,7 +367,8 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": rt.config.sync_phases,
-                     "adaptive_block": rt.config.adaptive_block},
+                     "adaptive_block": rt.config.adaptive_block,
+                     "min_draft_confidence": rt.config.min_draft_confidence},
         "baseline_function": baseline_function(no_eos),
         "prompt_format": prompt_format,
         "definitions": definitions(),
@@ -527,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-ctx", type=int, default=16384)
     p.add_argument("--adaptive-block", action="store_true",
                    help="size each cycle's block from recent acceptance (up to --block-size)")
+    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
+                   help="verify drafts only up to the first the draft gives probability < P")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -568,7 +571,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         try:
             config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
                                   dtype=args.dtype, sync_phases=args.profile,
-                                  adaptive_block=args.adaptive_block)
+                                  adaptive_block=args.adaptive_block,
+                                  min_draft_confidence=args.min_confidence)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

@@ -34,6 +34,8 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-ctx", type=int, default=16384)
     p.add_argument("--adaptive-block", action="store_true",
                    help="size each cycle's block from recent acceptance (up to --block-size)")
+    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
+                   help="verify drafts only up to the first the draft gives probability < P")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="cast the target (default: the checkpoint's own; float32 is fastest "
                         "on CPU)")
@@ -52,7 +54,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                          dtype=args.dtype, adaptive_block=args.adaptive_block)
+                          dtype=args.dtype, adaptive_block=args.adaptive_block,
+                          min_draft_confidence=args.min_confidence)
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,

@@ -16,6 +16,9 @@ class DFlashConfig:
     draft_block_size: int | None = None
     # Pick each cycle's block size (2..draft_block_size) from the recent accepted runs.
     adaptive_block: bool = False
+    # Verify drafts only up to the first one the draft gives less than this probability
+    # (0 < p <= 1; None verifies the whole block). Shorter verifies pay off on CPU.
+    min_draft_confidence: float | None = None
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # GatedDeltaNet rollback: replay the recorded tape (True) or re-run accepted steps.
@@ -46,5 +49,8 @@ class DFlashConfig:
             raise ConfigError(
                 f"dtype={self.dtype!r} is not supported: use float32, bfloat16, float16 or None"
             )
+        c = self.min_draft_confidence
+        if c is not None and not 0.0 < c <= 1.0:
+            raise ConfigError(f"min_draft_confidence={c}: use a probability in (0, 1], or None")
         if self.kernels not in ("auto", "portable"):
             raise ConfigError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")

@@ -186,6 +186,26 @@ def test_adaptive_block_sizes_follow_acceptance_and_stay_lossless(tiny_pairs):
     assert result.tokens == mlx_lm_greedy(rt, ids, 60)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family):
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello world")
+    want = mlx_lm_greedy(rt, ids, 60)
+    sizes = {}
+    for cut in (1e-12, 0.5, 1.0):
+        commits = list(speculative_decode(rt.target, rt.draft, ids, 60, 16, 512,
+                                          min_confidence=cut))
+        assert [t for c in commits for t in c.tokens] == want, cut
+        sizes[cut] = [c.cycle.block_size for c in commits if c.cycle]
+    assert sizes[1e-12][0] == 16  # every draft clears a tiny cut: the whole block
+    assert max(sizes[1.0]) == 2  # none is certain: staged + the first draft only
+    assert sum(sizes[1.0]) <= sum(sizes[0.5]) <= sum(sizes[1e-12]) * 2
+    cut = load(tiny_pairs, family, min_draft_confidence=0.5)
+    assert cut.generate(ids, max_tokens=60, no_eos=True).tokens == want
+    with pytest.raises(ValueError, match="min_draft_confidence"):
+        DFlashConfig(min_draft_confidence=0.0)
+
+
 def test_config_kernels_mode_reaches_the_adapter(tiny_pairs, monkeypatch):
     from engine import kernels
 
