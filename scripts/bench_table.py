@@ -1,6 +1,7 @@
-"""Print the README's benchmark table from the JSON files in benchmarks/ (never typed in).
+"""Print the README's benchmark tables from the JSON files in benchmarks/ (never typed in).
 
     python scripts/bench_table.py benchmarks/smollm2-*-cpu.json benchmarks/smollm2-*-h200.json
+    python scripts/bench_table.py --synthetic benchmarks/synthetic-*.json
 """
 
 from __future__ import annotations
@@ -26,7 +27,26 @@ def row(path: Path) -> str:
             f"{'yes' if s['token_match'] else 'NO'} |")
 
 
+def synthetic_row(path: Path) -> str:
+    r = json.loads(path.read_text())
+    f, d, b = r["forward"], r["dflash"], r["baseline"]
+    return (f"| {r['model']} ({path.name}) | {r['backend']}, {r['dtype']}, kernels "
+            f"{r['kernels']} | {f['ctx']} | {f['t_ar_s'] * 1e3:.1f} | "
+            f"{f['verify16_over_ar']:.2f} | {d['tokens_per_cycle']:.2f} | "
+            f"{b['decode_tokens_per_second']:.1f} | {d['decode_tokens_per_second']:.1f} | "
+            f"{r['decode_speedup']:.2f}x | {r['speedup']:.2f}x | "
+            f"{'yes' if r['token_match'] else 'NO'} |")
+
+
 def main(paths: list[str]) -> None:
+    if paths and paths[0] == "--synthetic":
+        print("| SYNTHETIC run | backend, dtype | ctx | T_ar ms | T_verify16 / T_ar | "
+              "tokens/cycle (oracle) | mlx_lm decode tok/s | DFlash decode tok/s | "
+              "decode speed-up | end-to-end speed-up | token match |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for p in paths[1:]:
+            print(synthetic_row(Path(p)))
+        return
     print("| run | backend, dtype | prompts | max tokens | mlx_lm tok/s | DFlash tok/s | "
           "speed-up | acceptance | tokens/cycle | tokens/cycle non-loop | repeated 4-grams | "
           "token match |")

@@ -1,0 +1,85 @@
+"""Where a verify forward's time goes: building the graph on the host vs running it.
+
+    python scripts/forward_profile.py [--model ID] [--ctx 256] [--json PATH]
+
+For T = 1 and T = 16 new tokens after `ctx` tokens of context, the median over `--iters`
+of: host time to build the target's forward graph (no evaluation), the time to evaluate
+it, and both together. The cache is rolled back after each run, so every sample starts
+from the same state. Run it once per dtype; the JSON names the machine and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def profile(model_id: str | None, dtype: str, ctx: int, iters: int) -> dict:
+    import mlx.core as mx
+
+    from engine.bench import machine_info, versions
+    from engine.cycle import cache_arrays, prefill
+    from engine.kernels import current_backend
+    from engine.loading import load_target
+    from engine.registry import default_pair
+    from engine.targets import adapter_for
+
+    model, _, name = load_target(model_id or default_pair().target, dtype)
+    target = adapter_for(model)
+    cache = target.make_cache()
+    prompt = [(7 * i + 11) % 1000 + 100 for i in range(ctx)]
+    prefill(target, cache, prompt, 512)
+    out: dict = {"model": name, "dtype": dtype, "ctx": ctx, "iters": iters,
+                 "backend": current_backend(), "machine": machine_info(),
+                 "versions": versions(), "rows": {}}
+    taps = [1, target.num_layers // 2, target.num_layers - 2]
+    for T in (1, 16):
+        ids = mx.array([[(13 * i + 5) % 1000 + 100 for i in range(T)]])
+        build, run, total = [], [], []
+        for i in range(iters + 3):
+            target.begin_verify(cache)
+            t0 = time.perf_counter()
+            logits, tapped = target.forward(ids, cache, taps)
+            choice = mx.argmax(logits[0], axis=-1)
+            t1 = time.perf_counter()
+            mx.eval(choice, tapped, cache_arrays(cache))
+            t2 = time.perf_counter()
+            target.rollback(cache, keep=0, verified=T)
+            mx.eval(cache_arrays(cache))
+            if i >= 3:  # the first runs compile kernels
+                build.append(t1 - t0)
+                run.append(t2 - t1)
+                total.append(t2 - t0)
+        out["rows"][f"T{T}"] = {"build_ms": statistics.median(build) * 1e3,
+                                "eval_ms": statistics.median(run) * 1e3,
+                                "total_ms": statistics.median(total) * 1e3}
+    out["t16_over_t1"] = out["rows"]["T16"]["total_ms"] / out["rows"]["T1"]["total_ms"]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json")
+    args = p.parse_args()
+    result = profile(args.model, args.dtype, args.ctx, args.iters)
+    for key, row in result["rows"].items():
+        print(f"{result['dtype']} {key}: build {row['build_ms']:.2f} ms, eval "
+              f"{row['eval_ms']:.2f} ms, total {row['total_ms']:.2f} ms")
+    print(f"T16 / T1: {result['t16_over_t1']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

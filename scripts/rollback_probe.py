@@ -1,0 +1,81 @@
+"""Time GatedDeltaNet rollback alone, kernels vs portable, on a synthetic model shape.
+
+    python scripts/rollback_probe.py [--model qwen3.5-9b] [--layers 8] [--json PATH]
+
+For each implementation: prefill `ctx` random tokens, then per keep in 1..16: a 16-token
+verify (evaluated), then `rollback(keep)` timed twice: host time to build it, and the
+time until its outputs are evaluated. Medians over `--iters`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str) -> dict:
+    import mlx.core as mx
+
+    from engine.cycle import cache_arrays, prefill
+    from engine.synthetic import build_target
+    from engine.targets import adapter_for
+
+    model = build_target(name, layers, None, dtype, 0)
+    target = adapter_for(model, enable_tape_replay=True, kernels=kernels)
+    cache = target.make_cache()
+    prefill(target, cache, [(31 * i) % 5000 + 7 for i in range(ctx)], 512)
+    block = mx.array([[(17 * i) % 5000 + 3 for i in range(16)]])
+    rows = {}
+    for keep in (1, 4, 8, 12, 16):
+        build, done, verify = [], [], []
+        for i in range(iters + 2):
+            target.begin_verify(cache)
+            t0 = time.perf_counter()
+            logits, _ = target.forward(block, cache, [])
+            mx.eval(logits, cache_arrays(cache))
+            t1 = time.perf_counter()
+            target.rollback(cache, keep=keep, verified=16)
+            t2 = time.perf_counter()
+            mx.eval(cache_arrays(cache))
+            t3 = time.perf_counter()
+            # back to the prefilled state: drop the kept tokens' KV, keep the states
+            for c in cache:
+                if hasattr(c, "trim"):
+                    c.trim(keep)
+            if i >= 2:
+                verify.append(t1 - t0)
+                build.append(t2 - t1)
+                done.append(t3 - t1)
+        rows[f"keep{keep}"] = {"verify_ms": statistics.median(verify) * 1e3,
+                               "rollback_build_ms": statistics.median(build) * 1e3,
+                               "rollback_total_ms": statistics.median(done) * 1e3}
+        print(kernels, keep, {k: round(v, 2) for k, v in rows[f"keep{keep}"].items()},
+              flush=True)
+    return {"kernels": getattr(target.kernels, "name", kernels), "rows": rows}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3.5-9b")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--json")
+    args = p.parse_args()
+    out = {"model": args.model, "layers": args.layers, "dtype": args.dtype, "ctx": args.ctx,
+           "runs": [probe(args.model, args.layers, args.dtype, args.ctx, args.iters, k)
+                    for k in ("auto", "portable")]}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
