@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .config import confidence_arg
 from .errors import DFlashError
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
 
@@ -368,7 +369,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": rt.config.sync_phases,
                      "adaptive_block": rt.config.adaptive_block,
-                     "min_draft_confidence": rt.config.min_draft_confidence},
+                     "min_draft_confidence": rt.min_confidence},
         "baseline_function": baseline_function(no_eos),
         "prompt_format": prompt_format,
         "definitions": definitions(),
@@ -528,8 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-ctx", type=int, default=16384)
     p.add_argument("--adaptive-block", action="store_true",
                    help="size each cycle's block from recent acceptance (up to --block-size)")
-    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
-                   help="verify drafts only up to the first the draft gives probability < P")
+    p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
+                   help="verify drafts only up to the first the draft gives probability < P; "
+                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .config import confidence_arg
 from .errors import DFlashError
 
 
@@ -34,8 +35,9 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-ctx", type=int, default=16384)
     p.add_argument("--adaptive-block", action="store_true",
                    help="size each cycle's block from recent acceptance (up to --block-size)")
-    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
-                   help="verify drafts only up to the first the draft gives probability < P")
+    p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
+                   help="verify drafts only up to the first the draft gives probability < P; "
+                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="cast the target (default: the checkpoint's own; float32 is fastest "
                         "on CPU)")

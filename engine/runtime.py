@@ -41,6 +41,7 @@ class DFlashRuntime:
         self.target = target or adapter_for(model, self.config.enable_tape_replay,
                                             self.config.kernels)
         self.target.warm_up()  # native kernels compile here, not mid-reply
+        self.min_confidence = self.config.min_confidence_for(current_backend())
         self.target_id, self.draft_id = target_id, draft_id
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
@@ -124,7 +125,7 @@ class DFlashRuntime:
                                          self.config.prefill_chunk,
                                          sync_phases=self.config.sync_phases,
                                          adaptive=self.config.adaptive_block,
-                                         min_confidence=self.config.min_draft_confidence)
+                                         min_confidence=self.min_confidence)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)

@@ -18,6 +18,8 @@ PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
 
 
 def load(tiny_pairs, family, **config):
+    # whole blocks unless a test says otherwise: the CPU default cuts verifies short
+    config.setdefault("min_draft_confidence", None)
     target, draft = tiny_pairs(family)
     return DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                          config=DFlashConfig(**config))
@@ -204,6 +206,24 @@ def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family)
     assert cut.generate(ids, max_tokens=60, no_eos=True).tokens == want
     with pytest.raises(ValueError, match="min_draft_confidence"):
         DFlashConfig(min_draft_confidence=0.0)
+
+
+def test_min_confidence_auto_is_cpu_only_and_the_flag_parses():
+    import argparse
+
+    from engine.config import CPU_MIN_CONFIDENCE, confidence_arg
+
+    auto = DFlashConfig()
+    assert auto.min_confidence_for("cpu") == CPU_MIN_CONFIDENCE
+    assert auto.min_confidence_for("cuda") is None and auto.min_confidence_for("metal") is None
+    assert DFlashConfig(min_draft_confidence=None).min_confidence_for("cpu") is None
+    assert DFlashConfig(min_draft_confidence=0.7).min_confidence_for("cuda") == 0.7
+    assert [confidence_arg(t) for t in ("auto", "off", "0.25")] == ["auto", None, 0.25]
+    for bad in ("0", "1.5", "often"):
+        with pytest.raises(argparse.ArgumentTypeError, match="probability"):
+            confidence_arg(bad)
+    with pytest.raises(ValueError, match="min_draft_confidence"):
+        DFlashConfig(min_draft_confidence="sometimes")
 
 
 def test_config_kernels_mode_reaches_the_adapter(tiny_pairs, monkeypatch):
