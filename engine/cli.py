@@ -83,10 +83,12 @@ def run_generate(args: argparse.Namespace) -> int:
             f"ttft {result.ttft_s * 1000:.0f} ms")
     if result.speculative:
         line += (f", acceptance {result.acceptance_rate:.1%}, "
-                 f"tokens/cycle {result.tokens_per_cycle:.2f} (block {result.block_size})")
+                 f"tokens/cycle {result.tokens_per_cycle:.2f} (block {result.block_size}"
+                 + (f", verify cut p<{rt.min_confidence}" if rt.min_confidence else "")
+                 + ")")
     elif result.fallback_reason:
         line += f" [speculation off: {result.fallback_reason}]"
-    err.print(f"[dim]{line}[/dim]", highlight=False)
+    err.print(f"[dim]{line}[/dim]", highlight=False, soft_wrap=True)
     return 0
 
 
