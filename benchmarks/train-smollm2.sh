@@ -15,13 +15,14 @@ if [[ -d .carry/tok ]]; then  # the tokenizer folder built here, stamped for thi
   python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+rm -f "$OUT/trained.done"  # written last, only by this run: safe to wait on
 extra=(); [[ -n "${INIT:-}" ]] && extra+=(--init "$INIT")
 [[ -n "${EXTRA:-}" ]] && extra+=(--extra-data "$EXTRA")
 timeout ${TRAIN_TIMEOUT:-470} python3 -m engine.train --model HuggingFaceTB/SmolLM2-135M-Instruct \
   --out /root/draft --state-dir /root/state --data /root/state/data.npz "${extra[@]}" \
   --log "$OUT/train-log.json" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16 \
   --batch ${BATCH:-32} --anchors ${ANCHORS:-64} --lr ${LR:-6e-4} --steps 100000 \
-  --max-len 256 --num-prompts ${NUM_PROMPTS:-12000} --prompt-seed ${PROMPT_SEED:-0} \
+  --max-len ${MAX_LEN:-256} --num-prompts ${NUM_PROMPTS:-12000} --prompt-seed ${PROMPT_SEED:-0} \
   --gen-batch ${GEN_BATCH:-512} --gen-seconds ${GEN_S:-150} \
   --train-seconds ${TRAIN_S:-250} --val-every 200 --checkpoint-every 200 --val-size 64 \
   --head-dtype bfloat16 --save-dtype bfloat16 --no-progress 2>&1 | tee "$OUT/train.log"
