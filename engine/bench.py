@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import confidence_arg
+from .config import add_engine_args, config_from_args
 from .errors import DFlashError
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
 
@@ -525,18 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="runs per prompt (median reported)")
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds between runs")
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
-    p.add_argument("--block-size", type=int, help="draft block size (default: the draft's)")
-    p.add_argument("--max-ctx", type=int, default=16384)
-    p.add_argument("--adaptive-block", action="store_true",
-                   help="size each cycle's block from recent acceptance (up to --block-size)")
-    p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
-                   help="verify drafts only up to the first the draft gives probability < P; "
-                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
+    add_engine_args(p)
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="target dtype (default: the checkpoint's; the GGUF target: float32)")
     p.add_argument("--no-warmup", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the full report here")
     return p
@@ -567,14 +559,10 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         check_args(args)
         prompts, fmt = load_prompts(args.prompt, args.prompt_file, args.suite, args.data_dir,
                                     args.limit)
-        from .config import DFlashConfig
         from .runtime import DFlashRuntime
 
         try:
-            config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                                  dtype=args.dtype, sync_phases=args.profile,
-                                  adaptive_block=args.adaptive_block,
-                                  min_draft_confidence=args.min_confidence)
+            config = config_from_args(args, sync_phases=args.profile)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

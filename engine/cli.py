@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import confidence_arg
+from .config import add_engine_args, config_from_args
 from .errors import DFlashError
 
 
@@ -31,16 +31,7 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw", action="store_true", help="send --prompt as raw text, no chat template")
     p.add_argument("--system", default=None, help="a system message")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
-    p.add_argument("--max-ctx", type=int, default=16384)
-    p.add_argument("--adaptive-block", action="store_true",
-                   help="size each cycle's block from recent acceptance (up to --block-size)")
-    p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
-                   help="verify drafts only up to the first the draft gives probability < P; "
-                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="cast the target (default: the checkpoint's own; float32 is fastest "
-                        "on CPU)")
+    add_engine_args(p)
     p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
     p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
     p.add_argument("--chat-template-args", type=_json_arg, default=None,
@@ -50,14 +41,11 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .config import DFlashConfig
     from .events import Finished
     from .runtime import DFlashRuntime
 
     err = Console(stderr=True)
-    config = DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                          dtype=args.dtype, adaptive_block=args.adaptive_block,
-                          min_draft_confidence=args.min_confidence)
+    config = config_from_args(args)
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,

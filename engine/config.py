@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
 
@@ -68,10 +70,29 @@ class DFlashConfig:
         return self.min_draft_confidence  # type: ignore[return-value]
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The DFlashConfig flags `dflash generate` and `dflash benchmark` share."""
+    p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
+    p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--adaptive-block", action="store_true",
+                   help="size each cycle's block from recent acceptance (up to --block-size)")
+    p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
+                   help="verify drafts only up to the first the draft gives probability < P; "
+                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="target dtype (default: the checkpoint's own; the GGUF target: "
+                        "float32, the fast one on CPU)")
+
+
+def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
+    """DFlashConfig from add_engine_args' flags (plus `more` fields); raises ConfigError."""
+    return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
+                        dtype=args.dtype, adaptive_block=args.adaptive_block,
+                        min_draft_confidence=args.min_confidence, **more)
+
+
 def confidence_arg(text: str) -> float | str | None:
     """argparse type for --min-confidence: a probability, 'auto' or 'off'."""
-    import argparse
-
     if text in ("auto", "off"):
         return None if text == "off" else text
     try:
