@@ -9,12 +9,12 @@ the target talk the way it will talk for users.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import inspect
 import random
 import textwrap
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -278,7 +278,8 @@ def stdlib_functions() -> tuple[StdlibFunction, ...]:
     found: dict[str, StdlibFunction] = {}
     for mod_name in STDLIB_MODULES:
         try:
-            with _quiet_warnings():
+            with warnings.catch_warnings():  # deprecated modules warn on import
+                warnings.simplefilter("ignore")
                 module = importlib.import_module(mod_name)
         except Exception:  # a module that a Python build lacks (or deprecated away)
             continue
@@ -315,15 +316,6 @@ def _describe(qual: str, fn: Callable) -> StdlibFunction | None:
     if source.count("\n") > 30:
         source = ""
     return StdlibFunction(qual, signature, doc, source)
-
-
-@contextlib.contextmanager
-def _quiet_warnings():
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def stdlib_code(rng: random.Random) -> Messages:

@@ -112,13 +112,13 @@ class Dataset:
         of equal prompt length, so the tail alone would be one group (one template, often
         an easy one) and overstate tokens/cycle."""
         n_val = min(n_val, len(self) // 5)
-        held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist()) \
-            if n_val else set()
-        parts: tuple[list[int], list[int]] = ([], [])
-        for i in range(len(self)):
-            parts[i in held].append(i)
-        return tuple(Dataset([self.sequences[i] for i in idx],  # type: ignore[return-value]
-                             [self.prompt_lens[i] for i in idx], self.meta) for idx in parts)
+        held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist())
+        kept = [i for i in range(len(self)) if i not in held]
+        return self.subset(kept), self.subset(sorted(held))
+
+    def subset(self, idx: Sequence[int]) -> Dataset:
+        return Dataset([self.sequences[i] for i in idx], [self.prompt_lens[i] for i in idx],
+                       self.meta)
 
 
 def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
@@ -466,6 +466,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     from .loading import load_target
     from .targets import adapter_for
 
+    missing = [e for e in cfg.extra_data if not Path(e).is_file()]
+    if missing:  # before minutes of loading and data generation, not after
+        from .errors import ConfigError
+
+        raise ConfigError(f"--extra-data {missing[0]}: no such file (a .npz written by "
+                          "train-draft, e.g. OUT/resume/data.npz)")
     t0 = time.perf_counter()
     mx.random.seed(cfg.seed)
     out = Path(cfg.out)
@@ -488,11 +494,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     gen_s = time.perf_counter() - t0
     train_set, val_set = data.split(cfg.val_size)
     for extra in cfg.extra_data:  # training only: validation stays on the main data
-        if not Path(extra).is_file():
-            from .errors import ConfigError
-
-            raise ConfigError(f"--extra-data {extra}: no such file (a .npz written by "
-                              "train-draft, e.g. OUT/resume/data.npz)")
         more = Dataset.load(Path(extra))
         train_set = Dataset(more.sequences + train_set.sequences,
                             more.prompt_lens + train_set.prompt_lens, train_set.meta)
