@@ -13,6 +13,7 @@ import functools
 import importlib
 import inspect
 import random
+import re
 import textwrap
 import warnings
 from collections.abc import Callable
@@ -309,6 +310,9 @@ def _describe(qual: str, fn: Callable) -> StdlibFunction | None:
         return None
     params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
     signature = str(sig.replace(parameters=params, return_annotation=sig.empty))
+    # defaults such as sentinels or functions print as "<... at 0x7f...>": a new address in
+    # every process, which would change the prompts a seed draws
+    signature = re.sub(r"<[^<>]* at 0x[0-9a-f]+>", "...", signature)
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):

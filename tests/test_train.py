@@ -207,6 +207,18 @@ def test_validation_split_spans_the_whole_dataset():
     assert not {tuple(s) for s in val_set.sequences} & {tuple(s) for s in train_set.sequences}
 
 
+def test_prompt_set_is_the_same_in_every_process():
+    """Stdlib signatures must not carry object addresses (they change per process)."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from engine.prompts import build_prompts; "
+            "print(hashlib.sha256(repr(build_prompts(3000, seed=1)).encode()).hexdigest())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)}
+    assert len(runs) == 1
+
+
 def test_prompt_set_is_diverse_and_seeded():
     a, b = build_prompts(2000, seed=3), build_prompts(2000, seed=3)
     assert a == b and len({repr(m) for _, m in a}) == 2000
