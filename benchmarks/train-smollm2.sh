@@ -5,6 +5,10 @@
 #   second round: INIT=engine/drafts/smollm2-135m-instruct-dflash EXTRA=benchmarks/train-smollm2-data.npz
 #                 PROMPT_SEED=1 NUM_PROMPTS=60000 GEN_BATCH=1024 GEN_S=200 TRAIN_S=540 LR=4e-4
 #                 MLX_ENABLE_TF32=1 (TF32 matmuls for data and training; decoding stays fp32)
+#   third round:  INIT=<round 2> EXTRA="benchmarks/train-smollm2-data.npz benchmarks/train-smollm2-data-round2.npz"
+#                 PROMPT_SEED=2 NUM_PROMPTS=60000 GEN_BATCH=1024 GEN_S=180 TRAIN_S=420 LR=3e-4
+#                 TRAIN_TIMEOUT=720 MLX_ENABLE_TF32=1 (prompts now batched by similar length,
+#                 left-padded, so every category is answered, not just the big equal-length groups)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -17,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 rm -f "$OUT/trained.done"  # written last, only by this run: safe to wait on
 extra=(); [[ -n "${INIT:-}" ]] && extra+=(--init "$INIT")
-[[ -n "${EXTRA:-}" ]] && extra+=(--extra-data "$EXTRA")
+for e in ${EXTRA:-}; do extra+=(--extra-data "$e"); done  # space-separated .npz files
 timeout ${TRAIN_TIMEOUT:-470} python3 -m engine.train --model HuggingFaceTB/SmolLM2-135M-Instruct \
   --out /root/draft --state-dir /root/state --data /root/state/data.npz "${extra[@]}" \
   --log "$OUT/train-log.json" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16 \

@@ -1,5 +1,6 @@
 """A seeded, templated prompt set for training drafts: chat, code, maths, writing,
-explanations, rewriting, role-play, reasoning, extraction and multi-turn conversations.
+explanations, rewriting, role-play, reasoning, extraction, how-to advice, multi-step word
+problems, science questions and multi-turn conversations.
 
 Every prompt is built here from small word lists and templates, plus real functions of the
 Python standard library (their names, signatures, docstrings and source) for code prompts
@@ -36,6 +37,25 @@ TOPICS = [
     "the periodic table", "democracy", "taxes", "credit scores", "healthy eating", "exercise",
     "learning a language", "public speaking", "time management", "encryption", "open source",
     "databases", "operating systems", "the speed of light", "evolution", "nutrition labels",
+    "the Industrial Revolution", "ancient Egypt", "the Cold War", "the Silk Road", "Shakespeare",
+    "impressionist painting", "the Olympic torch", "human rights", "the scientific method",
+    "philosophy of mind", "stoicism", "utilitarianism", "the Big Bang", "exoplanets",
+    "the Mars rovers", "nuclear fusion", "semiconductors", "3D printing", "CRISPR",
+    "the placebo effect", "memory and learning", "habits", "procrastination", "happiness",
+    "minimalism", "fast fashion", "urbanization", "public transport", "bicycles", "airplanes",
+    "the Panama Canal", "bridges", "skyscrapers", "wind turbines", "hydropower", "wildfires",
+    "hurricanes", "glaciers", "rivers", "soil", "composting", "beekeeping", "fermentation",
+    "cheese making", "tea", "chocolate", "spices", "vegetarian diets", "food safety",
+    "first aid", "the common cold", "allergies", "vitamins", "mental health", "friendship",
+    "parenting", "job interviews", "negotiation", "leadership", "teamwork", "startups",
+    "marketing", "budgeting", "retirement savings", "insurance", "cryptocurrency",
+    "artificial intelligence", "large language models", "cybersecurity", "passwords",
+    "web browsers", "smartphones", "the GPS system", "robotics", "self-driving cars",
+    "data privacy", "version control", "unit testing", "recursion", "sorting algorithms",
+    "hash tables", "graph theory", "prime numbers", "probability", "statistics", "calculus",
+    "geometry", "fractions", "the Pythagorean theorem", "origami", "photography", "film making",
+    "poetry", "mythology", "folk tales", "board games", "football", "tennis", "yoga",
+    "mountain climbing", "camping", "astronomy for beginners", "bird watching", "gardening",
 ]
 AUDIENCES = ["a five-year-old", "a high school student", "a beginner", "a busy manager",
              "a curious adult", "a college student", "my grandmother", "a new employee"]
@@ -92,7 +112,17 @@ LANGS = ["Python", "Python", "Python", "JavaScript", "Java", "C++", "Go", "Rust"
 
 
 GOALS = ["saving money", "studying", "sleeping better", "staying focused", "cooking at home",
-         "making friends", "writing clearly", "learning to code", "running a marathon"]
+         "making friends", "writing clearly", "learning to code", "running a marathon",
+         "eating healthier", "reducing stress", "reading more books", "keeping a journal",
+         "working from home", "managing a small team", "moving to a new city"]
+TASKS = ["change a flat tire", "make a budget spreadsheet", "prepare for a job interview",
+         "write a good resume", "start a vegetable garden", "train a puppy", "bake sourdough bread",
+         "set up a home network", "learn to play guitar", "plan a birthday party",
+         "organize a small closet", "improve my handwriting", "back up my photos",
+         "negotiate a salary", "choose a laptop", "write a research paper", "make cold brew coffee",
+         "clean a cast iron pan", "start running", "give constructive feedback",
+         "write a SQL query that joins two tables", "debug a Python program", "use git branches",
+         "read a nutrition label", "save for a house", "learn a new language quickly"]
 
 
 def _pick(rng: random.Random, items: list) -> str:
@@ -391,6 +421,68 @@ def extraction(rng: random.Random) -> Messages:
     ]))
 
 
+def howto(rng: random.Random) -> Messages:
+    task, goal = _pick(rng, TASKS), _pick(rng, GOALS)
+    return _user(_pick(rng, [
+        f"How do I {task}?", f"What is the best way to {task}?",
+        f"Give me a step-by-step guide to {task}.",
+        f"I have never tried to {task}. Where should I start?",
+        f"What are common mistakes people make when they {task}?",
+        f"My friend wants to {task} but has only {rng.randint(1, 5)} hours. Any advice?",
+        f"Make a {rng.randint(2, 8)}-week plan for {goal}.",
+        f"I keep failing at {goal}. What am I probably doing wrong?",
+        f"Should I focus on {goal} or on {_pick(rng, GOALS)} first? Explain the trade-offs.",
+    ]))
+
+
+def word_problem(rng: random.Random) -> Messages:
+    """Multi-step story problems (three or four operations), the kind chat users ask."""
+    n, m, item = _pick(rng, NAMES), _pick(rng, NAMES), _pick(rng, ITEMS)
+    a, b, c, d = rng.randint(3, 90), rng.randint(2, 30), rng.randint(2, 9), rng.randint(2, 6)
+    pct = rng.choice([10, 20, 25, 30, 40, 50, 75])
+    problems = [
+        f"{n} collects {item}. On Monday {n} has {a}. Each day for {d} days {n} finds {b} more, "
+        f"then gives {c} to {m} every day. How many {item} does {n} have at the end?",
+        f"A bakery makes {a * 4} {item} a day and sells {pct}% of them in the morning. In the "
+        f"afternoon it sells {b} more. How many are left at closing time?",
+        f"{n} wants to buy a bike that costs ${a * 10}. {n} has saved ${b * 5} and earns "
+        f"${c * 4} a week mowing lawns. How many weeks until {n} can buy the bike?",
+        f"A school trip needs {d} buses. Each bus holds {b + 20} students and costs ${a * 5}. "
+        f"If {a + 50} students go, how much does each student pay?",
+        f"{n} runs {c} km on weekdays and {c * 2} km on Saturdays, and rests on Sundays. How far "
+        f"does {n} run in {d} weeks?",
+        f"{n} and {m} share {a * 6} {item} so that {n} gets {d} times as many as {m}. "
+        f"How many does each get?",
+        f"A tank holds {a * 10} liters. It leaks {c} liters an hour while a pump adds {b} "
+        f"liters an hour. Starting half full, how long until it is full?",
+        f"{n} spent {pct}% of a ${a * 20} budget on food and ${b * 3} on travel. How much "
+        "of the budget is left, in dollars and as a percentage?",
+    ]
+    suffix = _pick(rng, ["", " Show your steps.", " Explain your reasoning.",
+                         " Give the final answer on its own line."])
+    return _user(_pick(rng, problems) + suffix)
+
+
+REACTIONS = ["rust", "baking soda and vinegar", "soap", "batteries", "cooking an egg"]
+
+
+def science(rng: random.Random) -> Messages:
+    h, v, t, m = rng.randint(5, 80), rng.randint(2, 40), rng.randint(2, 20), rng.randint(1, 50)
+    t1, t2 = rng.sample(TOPICS, 2)
+    return _user(_pick(rng, [
+        f"A ball is dropped from a height of {h} meters. How long does it take to reach the "
+        "ground? Ignore air resistance.",
+        f"A car accelerates from rest to {v} m/s in {t} seconds. What is its acceleration and "
+        "how far does it travel?",
+        f"How much energy is needed to heat {m} kg of water by {t} degrees Celsius?",
+        f"What is the difference between {t1} and {t2}?",
+        "Why does ice float on water?", "What would happen if the Earth stopped rotating?",
+        f"Explain the chemistry behind {_pick(rng, REACTIONS)}.",
+        f"A circuit has a {v} volt battery and a {m} ohm resistor. What current flows?",
+        f"Describe an experiment a student could do at home to learn about {t1}.",
+    ]))
+
+
 @dataclass(frozen=True)
 class Category:
     name: str
@@ -399,12 +491,14 @@ class Category:
 
 
 CATEGORIES = (
-    Category("chat", 0.11, chat), Category("explain", 0.10, explain),
-    Category("writing", 0.10, writing), Category("roleplay", 0.04, roleplay),
-    Category("rewrite", 0.05, rewrite), Category("code", 0.10, code),
-    Category("stdlib_code", 0.16, stdlib_code), Category("maths", 0.18, maths),
-    Category("reasoning", 0.06, reasoning), Category("extraction", 0.04, extraction),
-    Category("multi_turn", 0.06, multi_turn),
+    Category("chat", 0.09, chat), Category("explain", 0.08, explain),
+    Category("writing", 0.09, writing), Category("roleplay", 0.04, roleplay),
+    Category("rewrite", 0.04, rewrite), Category("code", 0.08, code),
+    Category("stdlib_code", 0.14, stdlib_code), Category("maths", 0.10, maths),
+    Category("word_problem", 0.10, word_problem), Category("howto", 0.07, howto),
+    Category("science", 0.05, science),
+    Category("reasoning", 0.05, reasoning), Category("extraction", 0.03, extraction),
+    Category("multi_turn", 0.04, multi_turn),
 )
 
 

@@ -129,18 +129,36 @@ def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[
     return out
 
 
+def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any] | None:
+    """Per-layer caches that mask each row's left padding, or None when the model has any
+    non-attention (recurrent) layer, whose state a pad token would change."""
+    from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
+        return None
+    return [BatchKVCache(pads) for _ in range(len(make_prompt_cache(model)))]
+
+
 def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
                  eos: set[int]) -> list[list[int]]:
-    """Greedy continuations of equal-length prompts in one batch: no padding, so the model
-    runs exactly as for a single prompt. Each response ends at its first EOS (kept)."""
+    """Greedy continuations of a batch of prompts. Prompts of one length run unpadded,
+    exactly as a single prompt would; mixed lengths are left-padded with the padding masked
+    (attention-only models: training data, where float noise in the last bits is harmless).
+    Each response ends at its first EOS (kept)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from .targets import adapter_for
 
-    cache = make_prompt_cache(model)
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    cache = left_padded_cache(model, pads) if any(pads) else make_prompt_cache(model)
+    if cache is None:
+        raise ValueError("prompts of different lengths need an attention-only model: "
+                         "group them by length (generate_dataset does)")
+    tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
     # the head on the last position only: full-prompt logits of a big batch would not fit
     target = adapter_for(model)
-    hidden = target.inner(mx.array(prompts), cache=cache)[:, -1]
+    hidden = target.inner(tokens, cache=cache)[:, -1]
     tok = mx.argmax(target.lm_head(hidden), axis=-1)
     steps, finished = [tok], mx.zeros(tok.shape, dtype=mx.bool_)
     eos_ids = mx.array(sorted(eos))
@@ -158,18 +176,36 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
     return out
 
 
+def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: int,
+                   paddable: bool) -> list[list[int]]:
+    """Prompt indices in batches of up to `batch` (fewer for long prompts: at most
+    `token_budget` prompt + response tokens, which bounds the KV cache). Paddable models
+    batch neighbours in length order, so every prompt is answered at full batch width;
+    others batch equal lengths only (small groups run narrow and slow)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    runs: list[list[int]] = []
+    for i in order:
+        fits = bool(runs) and len(runs[-1]) < batch and (
+            (len(runs[-1]) + 1) * (lengths[i] + max_new) <= token_budget)
+        if fits and (paddable or lengths[runs[-1][0]] == lengths[i]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,
                      batch: int, seconds: float | None = None,
-                     on_done: Callable[[int], None] | None = None) -> Dataset:
-    """Greedy responses of the target for prompts grouped by exact length (largest groups
-    first; batches of up to `batch`). The EOS stays in the response: the draft must learn to
-    predict it too. With `seconds`, generation stops after the batch that crosses it."""
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
-    chunks = [g[k:k + batch] for g in groups.values() for k in range(0, len(g), batch)]
-    # full batches first, in a seeded shuffle so every category comes early
+                     on_done: Callable[[int], None] | None = None,
+                     token_budget: int = 1 << 18) -> Dataset:
+    """Greedy responses of the target for prompts in batches of similar length (see
+    `length_batches`), in a seeded shuffle so every category and length comes early. The
+    EOS stays in the response: the draft must learn to predict it too. With `seconds`,
+    generation stops after the batch that crosses it."""
+    paddable = left_padded_cache(model, [0]) is not None
+    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget, paddable)
     random.Random(0).shuffle(chunks)
+    # full batches first: narrow ones waste the GPU
     chunks.sort(key=lambda c: len(c) < min(batch, 64))
     eos = set(tokenizer.eos_token_ids)
     seqs, plens, done = [], [], 0

@@ -223,7 +223,8 @@ def test_prompt_set_is_diverse_and_seeded():
     a, b = build_prompts(2000, seed=3), build_prompts(2000, seed=3)
     assert a == b and len({repr(m) for _, m in a}) == 2000
     assert {c for c, _ in a} >= {"chat", "code", "maths", "writing", "explain", "multi_turn",
-                                 "stdlib_code", "reasoning", "extraction"}
+                                 "stdlib_code", "reasoning", "extraction", "howto",
+                                 "word_problem", "science"}
 
 
 def test_greedy_batch_equals_single_greedy(pair):
@@ -237,3 +238,30 @@ def test_greedy_batch_equals_single_greedy(pair):
     for p, g in zip(prompts, got):
         want = [t for c in plain_decode(target, p, 10, 64) for t in c.tokens]
         assert g == want
+
+
+def test_greedy_batch_left_pads_mixed_lengths(pair):
+    from engine.cycle import plain_decode
+    from engine.train import greedy_batch
+
+    _, _, model, _ = pair
+    target = adapter_for(model)
+    prompts = [[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4]]
+    got = greedy_batch(model, prompts, 10, eos={10_000})
+    for p, g in zip(prompts, got):
+        want = [t for c in plain_decode(target, p, 10, 64) for t in c.tokens]
+        assert g == want
+
+
+def test_length_batches_bound_width_and_tokens():
+    from engine.train import length_batches
+
+    lengths = [10, 50, 11, 12, 10, 300, 49]
+    runs = length_batches(lengths, batch=3, max_new=20, token_budget=150, paddable=True)
+    assert sorted(i for r in runs for i in r) == list(range(len(lengths)))
+    for r in runs:
+        assert len(r) <= 3 and len(r) * (max(lengths[i] for i in r) + 20) <= max(150, 320)
+    assert [5] in runs  # alone: 300 + 20 tokens exceed the budget by itself
+    exact = length_batches(lengths, batch=8, max_new=20, token_budget=10_000, paddable=False)
+    assert all(len({lengths[i] for i in r}) == 1 for r in exact)
+    assert sorted(map(sorted, exact)) == [[0, 4], [1], [2], [3], [5], [6]]
