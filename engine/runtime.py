@@ -33,7 +33,8 @@ def peak_memory() -> int:
 class DFlashRuntime:
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
-                 draft_id: str = "draft", target: TargetAdapter | None = None):
+                 draft_id: str = "draft", target: TargetAdapter | None = None,
+                 token_ranking: list[int] | None = None):
         self.config = config or DFlashConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -43,6 +44,7 @@ class DFlashRuntime:
         self.target.warm_up()  # native kernels compile here, not mid-reply
         self.min_confidence = self.config.min_confidence_for(current_backend())
         self.target_id, self.draft_id = target_id, draft_id
+        self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
 
@@ -58,8 +60,9 @@ class DFlashRuntime:
         adapter = adapter_for(target_model, config.enable_tape_replay, config.kernels)
         # The draft computes in the target's dtype (its hidden states feed the draft).
         dtype = target_model_dtype(target_model)
-        draft_model, draft_id = load_draft(model_id, draft, adapter, dtype, progress)
-        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter)
+        draft_model, draft_id, ranking = load_draft(model_id, draft, adapter, dtype, progress)
+        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter,
+                   ranking)
 
     # -- prompts -----------------------------------------------------------------------
     def encode(self, prompt: Prompt, chat_template_args: dict | None = None) -> list[int]:
