@@ -12,6 +12,7 @@ import mlx.nn as nn
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, plain_decode, speculative_decode
 from .draft import DFlashDraft
+from .draft_head import build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import current_backend
@@ -45,6 +46,11 @@ class DFlashRuntime:
         self.min_confidence = self.config.min_confidence_for(current_backend())
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
+        # The draft's top-K tokens (None: the full head); each request adds its prompt's.
+        top_k = self.config.draft_vocab_for(current_backend(), bool(token_ranking))
+        if top_k is not None and self.target.head_rows(mx.array([0])) is None:
+            top_k = None  # a head that is more than a projection: rows would not match it
+        self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
 
@@ -97,6 +103,7 @@ class DFlashRuntime:
             "backend": current_backend(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
             "block_size": self.block_size,
+            "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "max_ctx": self.config.max_ctx,
             "family": self.target.family,
         }
@@ -124,11 +131,12 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
+            head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
             commits = speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
                                          self.config.prefill_chunk,
                                          sync_phases=self.config.sync_phases,
                                          adaptive=self.config.adaptive_block,
-                                         min_confidence=self.min_confidence)
+                                         min_confidence=self.min_confidence, head=head)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)

@@ -3,6 +3,10 @@ inside the subset, and the output is still the target's own greedy output."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -127,3 +131,101 @@ def test_subset_indices_map_back_to_token_ids(tiny_pairs):
     commits = list(speculative_decode(rt.target, rt.draft, ids, 80, 16, 512, head=head))
     assert [t for c in commits for t in c.tokens] == want
     assert sum(c.n_draft for c in commits) > 40
+
+
+# -- the setting, end to end ---------------------------------------------------------------
+@pytest.fixture
+def ranked(tiny_pairs, tmp_path):
+    """The tiny llama pair, its draft given a 310-token ranking (the vocabulary is 320)."""
+    target, draft = tiny_pairs("llama")
+    copy = tmp_path / "ranked-draft"
+    shutil.copytree(draft, copy)
+    ranking = list(range(319, 9, -1))
+    (copy / "token_ranking.json").write_text(
+        json.dumps({"version": 1, "source": "test", "token_ids": ranking}))
+    return target, copy, ranking
+
+
+def test_draft_vocab_config_validates_and_auto_is_cpu_only():
+    from engine.config import CPU_DRAFT_VOCAB
+    from engine.errors import ConfigError
+
+    auto = DFlashConfig()
+    assert auto.draft_vocab == "auto"
+    assert auto.draft_vocab_for("cpu", has_ranking=True) == CPU_DRAFT_VOCAB == 8192
+    assert auto.draft_vocab_for("cpu", has_ranking=False) is None  # published drafts
+    assert auto.draft_vocab_for("cuda", True) is None
+    assert auto.draft_vocab_for("metal", True) is None
+    assert DFlashConfig(draft_vocab=4096).draft_vocab_for("cuda", True) == 4096
+    assert DFlashConfig(draft_vocab=4096).draft_vocab_for("cpu", False) is None
+    assert DFlashConfig(draft_vocab=None).draft_vocab_for("cpu", True) is None
+    assert DFlashConfig(draft_vocab=256).draft_vocab == 256
+    for bad in (255, 0, -8, "sometimes", "8192", 8192.0, True):
+        with pytest.raises(ConfigError, match=r"draft_vocab=.*at least 256, 'auto' or None"):
+            DFlashConfig(draft_vocab=bad)
+
+
+def test_draft_vocab_flag_parses_for_generate_and_benchmark():
+    from engine.bench import build_parser as bench_parser
+    from engine.config import config_from_args, vocab_arg
+
+    assert [vocab_arg(t) for t in ("auto", "off", "256", "8192")] == ["auto", None, 256, 8192]
+    for bad in ("255", "many", "0.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="at least 256, 'auto' or 'off'"):
+            vocab_arg(bad)
+    bench = bench_parser()
+    assert config_from_args(bench.parse_args(["--prompt", "x"])).draft_vocab == "auto"
+    args = bench.parse_args(["--prompt", "x", "--draft-vocab", "4096"])
+    assert config_from_args(args).draft_vocab == 4096
+    args = bench.parse_args(["--prompt", "x", "--draft-vocab", "off"])
+    assert config_from_args(args).draft_vocab is None
+
+
+def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, ranked,
+                                                                monkeypatch):
+    import engine.runtime
+
+    target, draft, ranking = ranked
+    heads = []
+    real = engine.runtime.speculative_decode
+
+    def spy(*args, **kwargs):  # the head the runtime hands the loop
+        heads.append(kwargs["head"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runtime, "speculative_decode", spy)
+    for setting, effective in ((300, 300), ("auto", 310), (None, None)):
+        rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                           config=DFlashConfig(draft_vocab=setting,
+                                                               min_draft_confidence=None))
+        assert rt.token_ranking == ranking
+        assert rt.draft_vocab == rt.describe()["draft_vocab"] == effective
+        ids = rt.encode("def add(a, b):")
+        result = rt.generate(ids, max_tokens=40, no_eos=True)
+        assert result.speculative and result.tokens == greedy(rt.target, ids, 40)
+        want = None if effective is None else sorted(set(ranking[:effective]) | set(ids))
+        assert (heads[-1].ids.tolist() if heads[-1].ids is not None else None) == want
+    # a draft without a ranking (the fixture's own): the full head, whatever the setting
+    plain = DFlashRuntime.from_pretrained(model=str(target), draft=str(tiny_pairs("llama")[1]),
+                                          config=DFlashConfig(draft_vocab=300))
+    assert plain.draft_vocab is None and plain.describe()["draft_vocab"] is None
+
+
+def test_cli_reports_the_draft_vocab(ranked, tmp_path, capsys):
+    from engine.bench import benchmark_main
+    from engine.cli import main
+
+    target, draft, _ = ranked
+    base = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+            "--max-tokens", "8", "--no-eos"]
+    assert main(base + ["--draft-vocab", "256"]) == 0
+    assert "verify cut p<0.4, draft vocab 256)" in capsys.readouterr().err
+    assert main(base + ["--draft-vocab", "off"]) == 0
+    assert "draft vocab" not in capsys.readouterr().err
+    out = tmp_path / "report.json"
+    assert benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                           "--max-tokens", "8", "--draft-vocab", "300", "--json",
+                           str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["draft_vocab"] == report["model"]["draft_vocab"] == 300
+    assert report["summary"]["token_match"] and "draft_vocab" in report["definitions"]
