@@ -131,15 +131,20 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
-            head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
-            commits = speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
-                                         self.config.prefill_chunk,
-                                         sync_phases=self.config.sync_phases,
-                                         adaptive=self.config.adaptive_block,
-                                         min_confidence=self.min_confidence, head=head)
+            commits = self._speculative(ids, max_tokens, block_size)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
+
+    def _speculative(self, ids: list[int], max_tokens: int, block_size: int
+                     ) -> Iterator[Commit]:
+        # The request's draft head is built on the first next(), so the timings (ttft) count it.
+        head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
+        yield from speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
+                                      self.config.prefill_chunk,
+                                      sync_phases=self.config.sync_phases,
+                                      adaptive=self.config.adaptive_block,
+                                      min_confidence=self.min_confidence, head=head)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
                use_draft: bool, fallback: str | None, block_size: int
