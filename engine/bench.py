@@ -369,7 +369,8 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": rt.config.sync_phases,
                      "adaptive_block": rt.config.adaptive_block,
-                     "min_draft_confidence": rt.min_confidence},
+                     "min_draft_confidence": rt.min_confidence,
+                     "draft_vocab": rt.draft_vocab},
         "baseline_function": baseline_function(no_eos),
         "prompt_format": prompt_format,
         "definitions": definitions(),
@@ -392,6 +393,9 @@ def definitions() -> dict:
                          "(--profile) each phase is evaluated on its own (device time); "
                          "without, phases overlap and these are host-side times",
         "repeats": "timings are medians over --repeat runs of each prompt",
+        "draft_vocab": "settings.draft_vocab: the draft proposes from the top N tokens of its "
+                       "token_ranking.json plus each prompt's own tokens (--draft-vocab); null: "
+                       "from the full vocabulary",
         **DEFINITIONS,
     }
 

@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .draft import DFlashDraft
+from .draft_head import DraftHead
 from .events import CycleStats
 from .targets.base import TargetAdapter
 
@@ -68,22 +69,27 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 
 def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
-            staged: int, size: int, min_confidence: float | None = None) -> mx.array:
+            staged: int, size: int, min_confidence: float | None = None,
+            head: DraftHead | None = None) -> mx.array:
     """One draft forward on [staged, mask x (size-1)] -> verify input [1, <= size].
 
-    With `min_confidence`, the verify input stops after the first draft whose own
-    probability is below it (that one may still be right; later ones rarely are): a shorter
-    verify is cheaper where the forward's cost grows with its length (CPU). Lossless either
-    way: the target decides every token."""
+    `head` turns the draft's hidden states into proposals (default: the target's full
+    lm_head; a token subset is cheaper and as lossless). With `min_confidence`, the verify
+    input stops after the first draft whose own probability is below it (that one may still
+    be right; later ones rarely are): a shorter verify is cheaper where the forward's cost
+    grows with its length (CPU). Lossless either way: the target decides every token."""
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     if size == 1:
         return block
+    head = head or DraftHead(target)
     hidden = draft(target.embed(block), draft_cache)
-    logits = target.lm_head(hidden[:, 1:])
-    drafted = mx.argmax(logits, axis=-1).astype(block.dtype)
+    logits = head(hidden[:, 1:])
+    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
     proposal = mx.concatenate([block[:, :1], drafted], axis=1)
     if min_confidence is None:
         return proposal
+    # Over a subset head this softmax omits the tokens outside it, so it slightly
+    # overestimates the top draft's probability: fine for a heuristic of where to stop.
     top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
     confident = int(mx.sum(mx.cumprod((top >= min_confidence).astype(mx.int32))))
     return proposal[:, : min(confident + 2, size)]
@@ -119,16 +125,17 @@ def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[i
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, draft_cache: list[Any] | None = None,
                        proposer: Proposer | None = None, sync_phases: bool = False,
-                       adaptive: bool = False,
-                       min_confidence: float | None = None) -> Iterator[Commit]:
+                       adaptive: bool = False, min_confidence: float | None = None,
+                       head: DraftHead | None = None) -> Iterator[Commit]:
     """Caches may be passed in (empty) to inspect them; `proposer` replaces the draft's
     proposals (tests use an oracle that knows the target's continuation) and may return
-    fewer than `size` tokens."""
+    fewer than `size` tokens. `head`: the draft's output head (default: the target's full
+    lm_head)."""
     cache = target.make_cache() if cache is None else cache
     draft_cache = draft.make_cache() if draft_cache is None else draft_cache
     if proposer is None:
         def proposer(staged: int, size: int, position: int) -> mx.array:
-            return propose(target, draft, draft_cache, staged, size, min_confidence)
+            return propose(target, draft, draft_cache, staged, size, min_confidence, head)
     tap_ids = draft.args.target_layer_ids
     position = len(prompt)
     policy = AdaptiveBlock(block_size) if adaptive else None

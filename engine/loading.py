@@ -17,6 +17,9 @@ from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, support
 from .targets.base import TargetAdapter
 
 Progress = Callable[[str, "float | None"], None]
+# Optional, next to a draft's weights: token ids ranked by how often the target writes them
+# (dflash train-draft writes it). The draft then proposes from the top ones (DraftHead).
+RANKING_FILE = "token_ranking.json"
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
                 "*.jinja"]
 
@@ -209,9 +212,38 @@ def check_pair(target: TargetAdapter, args: DraftArgs) -> None:
         )
 
 
+def read_token_ranking(path: Path, vocab_size: int) -> list[int] | None:
+    """A draft folder's token ranking (most frequent first), or None without one (the
+    published drafts: they propose from the full vocabulary)."""
+    file = path / RANKING_FILE
+    if not file.is_file():
+        return None
+    fix = ("Fix: delete it (the draft then proposes from the full vocabulary) or write it "
+           "again with `python scripts/token_ranking.py DRAFT_DIR DATA.npz`.")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DraftCheckpointError(f"{file} is unreadable or not valid JSON ({exc}). {fix}"
+                                   ) from exc
+    ids = data.get("token_ids") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(ids, list):
+        problem = 'is not a version-1 token ranking ({"version": 1, "token_ids": [...]})'
+    elif not ids:
+        problem = "lists no token ids"
+    elif not all(type(t) is int and 0 <= t < vocab_size for t in ids):
+        problem = f"has token ids that are not integers in 0..{vocab_size - 1} (the vocabulary)"
+    elif len(set(ids)) != len(ids):
+        problem = "lists a token id more than once"
+    else:
+        return ids
+    raise DraftCheckpointError(f"{file} {problem}. {fix}")
+
+
 def load_draft(model_id: str, draft: str | None, target: TargetAdapter,
                dtype: mx.Dtype | None, progress: Progress | None = None
-               ) -> tuple[DFlashDraft, str]:
+               ) -> tuple[DFlashDraft, str, list[int] | None]:
+    """-> (draft, draft id, its token ranking or None). The ranking stays a plain list, off
+    the module (an array attribute of an nn.Module would become a parameter)."""
     draft_id, bundled = resolve_draft_id(model_id, draft)
     path = bundled if bundled is not None else resolve_local(draft_id, progress)
     if not path.is_dir():
@@ -219,6 +251,7 @@ def load_draft(model_id: str, draft: str | None, target: TargetAdapter,
             f"the bundled draft {path} is missing. Fix: reinstall dflash-chat from a full checkout."
         )
     check_pair(target, read_draft_args(path))
+    ranking = read_token_ranking(path, target.vocab_size)
     _say(progress, f"loading draft {draft_id}")
-    return load_draft_folder(path, dtype), draft_id
+    return load_draft_folder(path, dtype), draft_id, ranking
 

@@ -12,6 +12,7 @@ import mlx.nn as nn
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, plain_decode, speculative_decode
 from .draft import DFlashDraft
+from .draft_head import build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import current_backend
@@ -33,7 +34,8 @@ def peak_memory() -> int:
 class DFlashRuntime:
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
-                 draft_id: str = "draft", target: TargetAdapter | None = None):
+                 draft_id: str = "draft", target: TargetAdapter | None = None,
+                 token_ranking: list[int] | None = None):
         self.config = config or DFlashConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -43,6 +45,12 @@ class DFlashRuntime:
         self.target.warm_up()  # native kernels compile here, not mid-reply
         self.min_confidence = self.config.min_confidence_for(current_backend())
         self.target_id, self.draft_id = target_id, draft_id
+        self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
+        # The draft's top-K tokens (None: the full head); each request adds its prompt's.
+        top_k = self.config.draft_vocab_for(current_backend(), bool(token_ranking))
+        if top_k is not None and self.target.head_rows(mx.array([0])) is None:
+            top_k = None  # a head that is more than a projection: rows would not match it
+        self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
 
@@ -58,8 +66,9 @@ class DFlashRuntime:
         adapter = adapter_for(target_model, config.enable_tape_replay, config.kernels)
         # The draft computes in the target's dtype (its hidden states feed the draft).
         dtype = target_model_dtype(target_model)
-        draft_model, draft_id = load_draft(model_id, draft, adapter, dtype, progress)
-        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter)
+        draft_model, draft_id, ranking = load_draft(model_id, draft, adapter, dtype, progress)
+        return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter,
+                   ranking)
 
     # -- prompts -----------------------------------------------------------------------
     def encode(self, prompt: Prompt, chat_template_args: dict | None = None) -> list[int]:
@@ -94,6 +103,7 @@ class DFlashRuntime:
             "backend": current_backend(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
             "block_size": self.block_size,
+            "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "max_ctx": self.config.max_ctx,
             "family": self.target.family,
         }
@@ -121,14 +131,20 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
-            commits = speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
-                                         self.config.prefill_chunk,
-                                         sync_phases=self.config.sync_phases,
-                                         adaptive=self.config.adaptive_block,
-                                         min_confidence=self.min_confidence)
+            commits = self._speculative(ids, max_tokens, block_size)
         else:
             commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
+
+    def _speculative(self, ids: list[int], max_tokens: int, block_size: int
+                     ) -> Iterator[Commit]:
+        # The request's draft head is built on the first next(), so the timings (ttft) count it.
+        head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
+        yield from speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
+                                      self.config.prefill_chunk,
+                                      sync_phases=self.config.sync_phases,
+                                      adaptive=self.config.adaptive_block,
+                                      min_confidence=self.min_confidence, head=head)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
                use_draft: bool, fallback: str | None, block_size: int

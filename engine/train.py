@@ -30,6 +30,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .draft import DFlashDraft, DraftArgs, default_tap_ids
+from .loading import RANKING_FILE
 from .targets.base import TargetAdapter
 
 GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -119,6 +120,23 @@ class Dataset:
     def subset(self, idx: Sequence[int]) -> Dataset:
         return Dataset([self.sequences[i] for i in idx], [self.prompt_lens[i] for i in idx],
                        self.meta)
+
+
+def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
+    """Token ids by how often they occur in the responses (prompts excluded: the draft
+    predicts answers), most frequent first, ties by id; unseen tokens are left out."""
+    flat = [t for d in datasets for s, p in zip(d.sequences, d.prompt_lens) for t in s[p:]]
+    counts = np.bincount(np.asarray(flat, dtype=np.int64)) if flat else np.zeros(0, np.int64)
+    seen = np.flatnonzero(counts)
+    return seen[np.argsort(-counts[seen], kind="stable")].tolist()
+
+
+def write_token_ranking(datasets: Sequence[Dataset], out_dir: Path | str, source: str) -> Path:
+    """OUT/token_ranking.json: the ranking the runtime's draft vocabulary is cut from."""
+    path = Path(out_dir) / RANKING_FILE
+    ids = token_ranking(datasets)
+    path.write_text(json.dumps({"version": 1, "source": source, "token_ids": ids}) + "\n")
+    return path
 
 
 def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
@@ -624,6 +642,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 _write_log(log, log_path, step, total, gen_s, train_start, t0)
     save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
     save_state(optimizer, draft, step, total, state_dir)
+    files = " + ".join(Path(f).name for f in [data_path, *cfg.extra_data])
+    write_token_ranking([train_set], out, f"dflash train-draft: response-token counts of the "
+                        f"training sequences ({len(train_set)}, validation held out) of {files}")
     final = validate(draft, target, val_set, cfg, weights)
     log["final_val"] = final
     _write_log(log, log_path, step, total, gen_s, train_start, t0)

@@ -7,6 +7,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from engine import DFlashRuntime
 from engine.draft import DraftArgs, default_tap_ids
@@ -110,3 +111,36 @@ def test_unregistered_target_without_draft_is_refused_with_the_list():
     with pytest.raises(UnsupportedModel) as info:
         resolve_draft_id("acme/unknown-7b", None)
     assert "Qwen/Qwen3.5-9B" in str(info.value) and "--draft" in str(info.value)
+
+
+def test_token_ranking_loads_next_to_the_draft_and_is_optional(pair):
+    target, draft = pair
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    assert rt.token_ranking is None  # published drafts have none: full head
+    (draft / "token_ranking.json").write_text(
+        json.dumps({"version": 1, "source": "test", "token_ids": [7, 3, 250]}))
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    assert rt.token_ranking == [7, 3, 250]
+    assert "token_ids" not in dict(tree_flatten(rt.draft.parameters()))  # not a parameter
+    assert sorted(p.name for p in draft.iterdir()) == ["config.json", "model.safetensors",
+                                                       "token_ranking.json"]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "not valid JSON"),
+    (json.dumps([1, 2, 3]), "not a version-1 token ranking"),
+    (json.dumps({"version": 2, "token_ids": [1]}), "not a version-1 token ranking"),
+    (json.dumps({"version": 1, "token_ids": []}), "lists no token ids"),
+    (json.dumps({"version": 1, "token_ids": [1, 10**6]}), "not integers in 0..319"),
+    (json.dumps({"version": 1, "token_ids": [1, "2"]}), "not integers in 0..319"),
+    (json.dumps({"version": 1, "token_ids": [1, 2.0]}), "not integers in 0..319"),
+    (json.dumps({"version": 1, "token_ids": [4, 5, 4]}), "more than once"),
+])
+def test_malformed_token_ranking_is_refused_clearly(pair, text, problem):
+    target, draft = pair
+    (draft / "token_ranking.json").write_text(text)
+    with pytest.raises(DraftCheckpointError) as info:
+        DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    message = str(info.value)
+    assert str(draft / "token_ranking.json") in message and problem in message
+    assert "Fix: delete it" in message and "scripts/token_ranking.py" in message

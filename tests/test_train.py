@@ -26,10 +26,12 @@ from engine.train import (
     slot_logits,
     slot_weights,
     target_taps,
+    token_ranking,
     tokens_per_cycle,
     train,
     train_draft_main,
     train_forward,
+    write_token_ranking,
 )
 
 
@@ -168,6 +170,13 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
 
     data = Dataset.load(out / "resume" / "data.npz")
     assert len(data) > 0 and all(p < len(s) for s, p in zip(data.sequences, data.prompt_lens))
+    # the ranking of the training answers (validation held out), read back with the draft
+    ranking = json.loads((out / "token_ranking.json").read_text())
+    assert ranking["version"] == 1 and "train-draft" in ranking["source"]
+    assert ranking["token_ids"] == token_ranking([data.split(4)[0]])
+    assert len(ranking["token_ids"]) > 5
+    loaded = DFlashRuntime.from_pretrained(model=str(target_dir), draft=str(out))
+    assert loaded.token_ranking == ranking["token_ids"]
 
     argv2 = [a if a != "6" else "8" for a in argv] + ["--resume"]
     log2 = train(TrainConfig(**vars(build_parser().parse_args(argv2))), say=lambda m: None)
@@ -193,6 +202,9 @@ def test_extra_data_adds_training_sequences_only(pair, tmp_path):
     log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
     assert log["data"]["train_sequences"] == log["data"]["sequences"] - 2 + 7
     assert log["data"]["val_sequences"] == 2
+    ranking = json.loads((tmp_path / "d" / "token_ranking.json").read_text())
+    assert {3, 4, 5, 6} <= set(ranking["token_ids"][:8])  # 7 answers each: counted
+    assert "extra.npz" in ranking["source"]
     bad = train_draft_main(argv[:-1] + [str(tmp_path / "missing.npz")])
     assert bad == 2
 
@@ -265,3 +277,38 @@ def test_length_batches_bound_width_and_tokens():
     exact = length_batches(lengths, batch=8, max_new=20, token_budget=10_000, paddable=False)
     assert all(len({lengths[i] for i in r}) == 1 for r in exact)
     assert sorted(map(sorted, exact)) == [[0, 4], [1], [2], [3], [5], [6]]
+
+
+def test_token_ranking_counts_responses_only(tmp_path):
+    a = Dataset([[9, 9, 9, 9, 1, 2, 2, 3], [9, 9, 3, 3]], [4, 2])
+    b = Dataset([[9, 5, 1, 5]], [1])
+    # responses: 1 2 2 3 | 3 3 | 5 1 5 -> 3 x3, then 1, 2, 5 x2 each (ties by id); 9 only in
+    # prompts
+    assert token_ranking([a, b]) == [3, 1, 2, 5]
+    path = write_token_ranking([a, b], tmp_path, "unit test")
+    assert json.loads(path.read_text()) == {"version": 1, "source": "unit test",
+                                            "token_ids": [3, 1, 2, 5]}
+    assert token_ranking([Dataset([], [])]) == []
+
+
+def test_token_ranking_script_writes_a_loadable_ranking(pair, tmp_path):
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from engine.loading import read_token_ranking
+
+    _, draft_dir, *_ = pair
+    spec = importlib.util.spec_from_file_location(
+        "token_ranking_script", Path(__file__).parents[1] / "scripts" / "token_ranking.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    draft = tmp_path / "draft"
+    shutil.copytree(draft_dir, draft)
+    Dataset([[1, 2, 3, 3]], [2]).save(tmp_path / "a.npz")
+    Dataset([[1, 7, 7, 7, 2]], [1]).save(tmp_path / "b.npz")
+    assert script.main([str(draft), str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]) == 0
+    assert read_token_ranking(draft, 320) == [7, 3, 2]
+    assert "a.npz + b.npz" in json.loads((draft / "token_ranking.json").read_text())["source"]
+    with pytest.raises(SystemExit):
+        script.main([str(tmp_path), str(tmp_path / "a.npz")])  # not a draft folder

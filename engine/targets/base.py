@@ -14,6 +14,11 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
+# mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
+# their head rows alone would not reproduce the target's logits.
+SCALED_LOGITS_ARGS = ("logits_scaling", "logit_scale", "final_logit_softcapping",
+                      "output_multiplier", "lm_head_multiplier")
+
 
 def text_model(model: nn.Module) -> nn.Module:
     """The decoder stack (embed_tokens, layers, norm) inside an mlx-lm model."""
@@ -59,12 +64,42 @@ class TargetAdapter:
         scale = getattr(self.args, "embedding_multiplier", None)
         return h * scale if scale else h
 
-    def lm_head(self, hidden: mx.array) -> mx.array:
-        """The target's output head on already-normed hidden states."""
+    def _head(self) -> tuple[nn.Module, bool]:
+        """-> (the output head's module, whether it is the tied input embedding)."""
         outer = getattr(self.model, "language_model", self.model)
         if getattr(self.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head"):
-            return self.inner.embed_tokens.as_linear(hidden)
-        return outer.lm_head(hidden)
+            return self.inner.embed_tokens, True
+        return outer.lm_head, False
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """The target's output head on already-normed hidden states."""
+        head, tied = self._head()
+        return head.as_linear(hidden) if tied else head(hidden)
+
+    def head_rows(self, ids: mx.array) -> mx.array | None:
+        """The output head's rows for token `ids` [K] -> [K, H], such that
+        `hidden @ rows.T == lm_head(hidden)[..., ids]` (dequantized if the head is
+        quantized). None when the head is more than a bias-free projection (a bias, scaled or
+        soft-capped logits, an unknown module): callers then use the full head."""
+        if any(getattr(self.args, k, None) for k in SCALED_LOGITS_ARGS):
+            return None
+        head, tied = self._head()
+        if tied:
+            # the embedding itself, not embed(): a family's embedding multiplier scales the
+            # input embeddings only, never the head
+            if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)):
+                return head(ids)
+            return None
+        if "bias" in head:
+            return None
+        if isinstance(head, nn.QuantizedLinear):
+            biases = head.get("biases")
+            return mx.dequantize(head["weight"][ids], head["scales"][ids],
+                                 biases[ids] if biases is not None else None,
+                                 group_size=head.group_size, bits=head.bits, mode=head.mode)
+        if isinstance(head, nn.Linear):
+            return head.weight[ids]
+        return None
 
     # -- caches ------------------------------------------------------------------------
     def make_cache(self) -> list[Any]:

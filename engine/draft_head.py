@@ -1,0 +1,59 @@
+"""The draft's output head: the target's full lm_head, or its rows for a subset of tokens.
+
+The draft has no head of its own; its hidden states go through the target's. Proposals are
+only suggestions (the target verifies every one), so proposing from a subset of the
+vocabulary is lossless: it costs acceptance only where the target's next token lies outside
+the subset. On CPU the full head is the dearest part of a draft forward (SmolLM2: 49,152 rows,
+28 ms per cycle against 14 ms for the draft's layers); the 8,192 tokens the target writes most
+often cover about 99% of its answers (measured on held-out answers, prompt tokens added).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .targets.base import TargetAdapter
+
+
+@dataclass
+class DraftHead:
+    target: TargetAdapter
+    ids: mx.array | None = None  # int32 [K], sorted: the subset's token ids; None: full head
+    weight: mx.array | None = None  # [K, H]: the target head's rows for `ids`
+
+    @property
+    def size(self) -> int:
+        return self.target.vocab_size if self.ids is None else int(self.ids.size)
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        """hidden [..., H] (normed) -> logits [..., size] over the subset (or the vocab)."""
+        if self.weight is None:
+            return self.target.lm_head(hidden)
+        return hidden @ self.weight.T
+
+    def token_ids(self, index: mx.array) -> mx.array:
+        """Indices into this head's logits -> token ids."""
+        return index if self.ids is None else self.ids[index]
+
+
+def build_draft_head(target: TargetAdapter, ranking: Sequence[int] | None, size: int | None,
+                     prompt: Sequence[int] = ()) -> DraftHead:
+    """The `size` highest-ranked tokens plus the prompt's own (answers often repeat names and
+    identifiers from the prompt). The full head without a ranking or size, when the subset
+    would be the whole vocabulary, or when the target's head is not a plain projection."""
+    if not ranking or size is None:
+        return DraftHead(target)
+    vocab = target.vocab_size
+    ids = sorted({t for t in ranking[:size] if 0 <= t < vocab} | {t for t in prompt
+                                                                   if 0 <= t < vocab})
+    if len(ids) >= vocab:
+        return DraftHead(target)
+    subset = mx.array(ids, dtype=mx.int32)
+    weight = target.head_rows(subset)
+    if weight is None:
+        return DraftHead(target)
+    mx.eval(weight)  # gather once here, not inside the first cycle's timing
+    return DraftHead(target, subset, weight)
