@@ -10,7 +10,7 @@ from .errors import ConfigError
 
 MIN_BLOCK_SIZE = 2
 MAX_BLOCK_SIZE = 16
-CPU_MIN_CONFIDENCE = 0.4
+DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
 
@@ -22,10 +22,11 @@ class DFlashConfig:
     # Pick each cycle's block size (2..draft_block_size) from the recent accepted runs.
     adaptive_block: bool = False
     # Verify drafts only up to the first one the draft gives less than this probability
-    # (0 < p <= 1; None verifies the whole block). "auto": CPU_MIN_CONFIDENCE on CPU, where a
-    # verify's cost grows with its length (measured with the SmolLM2 pair, 2-core CPU:
-    # MT-Bench 0.73x -> 0.91x, HumanEval 0.84x -> 0.94x, GSM8K 0.94x -> 1.05x), off on GPUs
-    # until measured there.
+    # (0 < p <= 1; None verifies the whole block). "auto": DEFAULT_MIN_CONFIDENCE on every
+    # backend: a verify's cost grows with its length, and a run rarely survives a draft the
+    # draft itself doubts. Measured with the SmolLM2 pair: 2-core CPU MT-Bench 0.73x -> 0.91x,
+    # HumanEval 0.84x -> 0.94x, GSM8K 0.94x -> 1.05x; H200 (round-3 draft) 0.52x -> 0.73x,
+    # 0.69x -> 0.70x, 0.63x -> 0.80x. Metal follows unmeasured.
     min_draft_confidence: float | str | None = "auto"
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
@@ -80,7 +81,7 @@ class DFlashConfig:
     def min_confidence_for(self, backend: str) -> float | None:
         """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
         if self.min_draft_confidence == "auto":
-            return CPU_MIN_CONFIDENCE if backend == "cpu" else None
+            return DEFAULT_MIN_CONFIDENCE
         return self.min_draft_confidence  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
@@ -100,7 +101,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="size each cycle's block from recent acceptance (up to --block-size)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
                    help="verify drafts only up to the first the draft gives probability < P; "
-                        "'auto' (default): 0.4 on CPU, off on GPUs; 'off': whole blocks")
+                        "'auto' (default): 0.4; 'off': whole blocks")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "

@@ -211,11 +211,11 @@ def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family)
 def test_min_confidence_auto_is_cpu_only_and_the_flag_parses():
     import argparse
 
-    from engine.config import CPU_MIN_CONFIDENCE, confidence_arg
+    from engine.config import DEFAULT_MIN_CONFIDENCE, confidence_arg
 
     auto = DFlashConfig()
-    assert auto.min_confidence_for("cpu") == CPU_MIN_CONFIDENCE
-    assert auto.min_confidence_for("cuda") is None and auto.min_confidence_for("metal") is None
+    assert auto.min_confidence_for("cpu") == DEFAULT_MIN_CONFIDENCE
+    assert auto.min_confidence_for("cuda") == auto.min_confidence_for("metal") == 0.4
     assert DFlashConfig(min_draft_confidence=None).min_confidence_for("cpu") is None
     assert DFlashConfig(min_draft_confidence=0.7).min_confidence_for("cuda") == 0.7
     assert [confidence_arg(t) for t in ("auto", "off", "0.25")] == ["auto", None, 0.25]
