@@ -4,14 +4,15 @@
 #   PART=setup   copy the GGUF + tokenizer into the engine's cache (once per machine)
 #   PART=kernels kernel exactness checks, forward profile, the synthetic Qwen3.5-9B shape
 #   PART=smollm2 the SmolLM2 pair: three suites at 256 tokens, 512-token rows, the
-#                1024 -> 4096 token scaling row (DRAFT=folder picks the draft)
+#                1024 -> 4096 token scaling row (DRAFT=folder picks the draft; the
+#                wholeblock rows: ARGS="--min-confidence off --draft-vocab off" SUFFIX=-wholeblock)
 # Each part fits one device call (< 10 minutes).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache DFLASH_EVAL_DATA=.carry/data
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 step() { echo "== $*"; timeout "$1" "${@:2}" 2>&1 | tail -${TAIL:-25}; }
 DRAFT=${DRAFT:-engine/drafts/smollm2-135m-instruct-dflash}
-bench() { step 200 python3 -m engine.cli benchmark --draft "$DRAFT" "$@"; }
+bench() { step 200 python3 -m engine.cli benchmark --draft "$DRAFT" ${ARGS:-} "$@"; }
 case "${PART:-}" in
 setup)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
@@ -28,13 +29,13 @@ kernels)
     --max-tokens 256 --json "$OUT/synthetic-qwen3.5-9b-h200.json" ;;
 smollm2)
   for suite in mt-bench humaneval gsm8k; do
-    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite-h200.json"
+    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
   done
   for suite in humaneval gsm8k; do
-    bench --suite "$suite" --limit 5 --max-tokens 512 --json "$OUT/smollm2-$suite-512-h200.json"
+    bench --suite "$suite" --limit 5 --max-tokens 512 --json "$OUT/smollm2-$suite-512${SUFFIX:-}-h200.json"
   done
   for n in 1024 4096; do
-    bench --suite gsm8k --limit 1 --max-tokens $n --no-eos --json "$OUT/smollm2-gsm8k-$n-h200.json"
+    bench --suite gsm8k --limit 1 --max-tokens $n --no-eos --json "$OUT/smollm2-gsm8k-$n${SUFFIX:-}-h200.json"
   done ;;
 *) echo "PART=setup|kernels|smollm2" >&2; exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,9 @@ class DFlashConfig:
     # Verify drafts only up to the first one the draft gives less than this probability
     # (0 < p <= 1; None verifies the whole block). "auto": DEFAULT_MIN_CONFIDENCE on every
     # backend: a verify's cost grows with its length, and a run rarely survives a draft the
-    # draft itself doubts. Measured with the SmolLM2 pair: 2-core CPU MT-Bench 0.73x -> 0.91x,
-    # HumanEval 0.84x -> 0.94x, GSM8K 0.94x -> 1.05x; H200 (round-3 draft) 0.52x -> 0.73x,
-    # 0.69x -> 0.70x, 0.63x -> 0.80x. Metal follows unmeasured.
+    # draft itself doubts. Measured with the SmolLM2 pair, MT-Bench / HumanEval / GSM8K: 2-core
+    # CPU (stage-3 draft) 0.73x -> 0.91x, 0.84x -> 0.94x, 0.94x -> 1.05x; H200 (stage-4 draft)
+    # 0.52x -> 0.73x, 0.69x -> 0.70x, 0.63x -> 0.80x. Metal follows, unmeasured.
     min_draft_confidence: float | str | None = "auto"
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
@@ -119,29 +120,26 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         draft_vocab=args.draft_vocab, **more)
 
 
-def confidence_arg(text: str) -> float | str | None:
-    """argparse type for --min-confidence: a probability, 'auto' or 'off'."""
+def _auto_off_or(text: str, parse: Callable[[str], Any], valid: Callable[[Any], bool],
+                 expected: str) -> Any:
+    """'auto' -> 'auto', 'off' -> None, else parse(text) if valid: the shape of the flags below."""
     if text in ("auto", "off"):
         return None if text == "off" else text
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        value = -1.0
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a probability in (0, 1], 'auto' or 'off'")
+        value = None
+    if value is None or not valid(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: give {expected}, 'auto' or 'off'")
     return value
+
+
+def confidence_arg(text: str) -> float | str | None:
+    """argparse type for --min-confidence: a probability, 'auto' or 'off'."""
+    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "a probability in (0, 1]")
 
 
 def vocab_arg(text: str) -> int | str | None:
     """argparse type for --draft-vocab: a token count, 'auto' or 'off'."""
-    if text in ("auto", "off"):
-        return None if text == "off" else text
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < MIN_DRAFT_VOCAB:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a token count of at least {MIN_DRAFT_VOCAB}, 'auto' or 'off'")
-    return value
+    return _auto_off_or(text, int, lambda v: v >= MIN_DRAFT_VOCAB,
+                        f"a token count of at least {MIN_DRAFT_VOCAB}")

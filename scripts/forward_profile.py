@@ -2,8 +2,8 @@
 
     python scripts/forward_profile.py [--model ID] [--ctx 256] [--json PATH]
 
-For T = 1 and T = 16 new tokens after `ctx` tokens of context, the median over `--iters`
-of: host time to build the target's forward graph (no evaluation), the time to evaluate
+For T new tokens (`--sizes`, default 1 and 16) after `ctx` tokens of context, the median over
+`--iters` of: host time to build the target's forward graph (no evaluation), the time to evaluate
 it, and both together. The cache is rolled back after each run, so every sample starts
 from the same state. Run it once per dtype; the JSON names the machine and versions.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def profile(model_id: str | None, dtype: str, ctx: int, iters: int) -> dict:
+def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
+            sizes: tuple[int, ...] = (1, 16)) -> dict:
     import mlx.core as mx
 
     from engine.bench import machine_info, versions
@@ -39,7 +40,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int) -> dict:
                  "backend": current_backend(), "machine": machine_info(),
                  "versions": versions(), "rows": {}}
     taps = [1, target.num_layers // 2, target.num_layers - 2]
-    for T in (1, 16):
+    for T in sorted(set(sizes) | {1, 16}):
         ids = mx.array([[(13 * i + 5) % 1000 + 100 for i in range(T)]])
         build, run, total = [], [], []
         for i in range(iters + 3):
@@ -69,9 +70,11 @@ def main() -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1, 16),
+                   help="comma-separated token counts per forward (1 and 16 always included)")
     p.add_argument("--json")
     args = p.parse_args()
-    result = profile(args.model, args.dtype, args.ctx, args.iters)
+    result = profile(args.model, args.dtype, args.ctx, args.iters, args.sizes)
     for key, row in result["rows"].items():
         print(f"{result['dtype']} {key}: build {row['build_ms']:.2f} ms, eval "
               f"{row['eval_ms']:.2f} ms, total {row['total_ms']:.2f} ms")
