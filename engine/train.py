@@ -31,7 +31,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .draft import DFlashDraft, DraftArgs, default_tap_ids
 from .loading import RANKING_FILE
-from .targets.base import TargetAdapter
+from .targets.base import TargetAdapter, text_model
 
 GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -109,9 +109,9 @@ class Dataset:
         return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
 
     def split(self, n_val: int) -> tuple[Dataset, Dataset]:
-        """Hold out `n_val` sequences spread evenly over the file: generation runs in groups
-        of equal prompt length, so the tail alone would be one group (one template, often
-        an easy one) and overstate tokens/cycle."""
+        """Hold out `n_val` sequences spread evenly over the file: generation runs in batches
+        of similar prompt length, so the tail alone would be one batch (often one template,
+        maybe an easy one) and overstate tokens/cycle."""
         n_val = min(n_val, len(self) // 5)
         held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist())
         kept = [i for i in range(len(self)) if i not in held]
@@ -147,14 +147,19 @@ def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[
     return out
 
 
-def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any] | None:
-    """Per-layer caches that mask each row's left padding, or None when the model has any
-    non-attention (recurrent) layer, whose state a pad token would change."""
-    from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+def paddable(model: nn.Module) -> bool:
+    """Whether left padding can be masked out: attention layers only. A recurrent
+    (GatedDeltaNet) layer's state would absorb the pad tokens."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
-        return None
-    return [BatchKVCache(pads) for _ in range(len(make_prompt_cache(model)))]
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any]:
+    """Per-layer caches that mask each row's `pads` left padding tokens (paddable models)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    return [BatchKVCache(pads) for _ in text_model(model).layers]
 
 
 def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
@@ -169,10 +174,10 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
 
     width = max(len(p) for p in prompts)
     pads = [width - len(p) for p in prompts]
-    cache = left_padded_cache(model, pads) if any(pads) else make_prompt_cache(model)
-    if cache is None:
+    if any(pads) and not paddable(model):
         raise ValueError("prompts of different lengths need an attention-only model: "
                          "group them by length (generate_dataset does)")
+    cache = left_padded_cache(model, pads) if any(pads) else make_prompt_cache(model)
     tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
     # the head on the last position only: full-prompt logits of a big batch would not fit
     target = adapter_for(model)
@@ -220,8 +225,8 @@ def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]],
     `length_batches`), in a seeded shuffle so every category and length comes early. The
     EOS stays in the response: the draft must learn to predict it too. With `seconds`,
     generation stops after the batch that crosses it."""
-    paddable = left_padded_cache(model, [0]) is not None
-    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget, paddable)
+    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget,
+                            paddable(model))
     random.Random(0).shuffle(chunks)
     # full batches first: narrow ones waste the GPU
     chunks.sort(key=lambda c: len(c) < min(batch, 64))
