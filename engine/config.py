@@ -50,6 +50,9 @@ class DFlashConfig:
     sync_phases: bool = False
     # "auto" picks a fused kernel for the backend when one is proven; "portable" never does.
     kernels: str = "auto"
+    # Bytes of recent conversation states (target + draft caches) kept for reuse across turns;
+    # "auto": an eighth of the machine's memory, at most 8 GiB; 0 turns reuse off.
+    prompt_cache_bytes: int | str = "auto"
 
     def __post_init__(self) -> None:
         bs = self.draft_block_size
@@ -76,6 +79,9 @@ class DFlashConfig:
                 not isinstance(v, int) or isinstance(v, bool) or v < MIN_DRAFT_VOCAB):
             raise ConfigError(f"draft_vocab={v!r}: use a token count of at least "
                               f"{MIN_DRAFT_VOCAB}, 'auto' or None (the full vocabulary)")
+        pc = self.prompt_cache_bytes
+        if pc != "auto" and (not isinstance(pc, int) or isinstance(pc, bool) or pc < 0):
+            raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
         if self.kernels not in ("auto", "portable"):
             raise ConfigError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")
 
