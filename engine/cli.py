@@ -1,4 +1,4 @@
-"""`dflash generate | models | benchmark | train-draft`."""
+"""`dflash generate | serve | models | benchmark | train-draft`."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from .events import Finished
     from .runtime import DFlashRuntime
@@ -77,7 +78,8 @@ def run_generate(args: argparse.Namespace) -> int:
                  + ")")
     elif result.fallback_reason:
         line += f" [speculation off: {result.fallback_reason}]"
-    err.print(f"[dim]{line}[/dim]", highlight=False, soft_wrap=True)
+    # escape: the fallback note is in [brackets], which rich would read as markup and drop
+    err.print(f"[dim]{escape(line)}[/dim]", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -109,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
                    add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)", add_help=False)
+    argv = _as_generate(argv, set(sub.choices))
+    if argv and argv[0] == "serve":
+        from .server import serve_main
+
+        return serve_main(argv[1:])
     if argv and argv[0] == "benchmark":
         if "--synthetic" in argv:
             from .synthetic import synthetic_main
@@ -129,6 +137,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _as_generate(argv: list[str], commands: set[str]) -> list[str]:
+    """dflash-mlx's form, `dflash --model M --prompt "..."` (no subcommand), is `generate`."""
+    if argv and argv[0] not in commands and any(
+            a == "--prompt" or a.startswith("--prompt=") for a in argv):
+        return ["generate", *argv]
+    return argv
+
+
+def serve_entry() -> int:
+    """The `dflash-serve` command (dflash-mlx's name): `dflash serve` with the same flags."""
+    return main(["serve", *sys.argv[1:]])
+
+
+def benchmark_entry() -> int:
+    """The `dflash-benchmark` command: `dflash benchmark` with the same flags."""
+    return main(["benchmark", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ class DFlashConfig:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The DFlashConfig flags `dflash generate` and `dflash benchmark` share."""
     p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
-    p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--max-ctx", "--dflash-max-ctx", type=int, default=16384,
+                   help="prompt + max tokens beyond this: the target alone (--dflash-max-ctx: "
+                        "dflash-mlx's name)")
     p.add_argument("--adaptive-block", action="store_true",
                    help="size each cycle's block from recent acceptance (up to --block-size)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
