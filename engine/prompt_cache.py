@@ -83,9 +83,14 @@ class PromptState:
     cached: int = 0  # prompt tokens restored rather than prefilled
     snapshots: dict[int, Snapshot] = field(default_factory=dict)  # position -> states
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer's state cannot be cut back (it needs snapshots)."""
+        return any(isinstance(c, ArraysCache) for c in self.cache)
+
     def mark(self, position: int) -> None:
         """Remember the recurrent states at `position` (tokens held now)."""
-        if any(isinstance(c, ArraysCache) for c in self.cache):
+        if self.recurrent:
             self.snapshots[position] = snapshot(self.cache)
 
 

@@ -157,14 +157,17 @@ class DFlashRuntime:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
-        # Prefill up to the last prompt token and snapshot there (a regenerate resumes at that
-        # point); speculative_decode then runs the last token for the first reply token.
-        rest = ids[state.cached:-1]
-        if rest:
-            prefill(self.target, state.cache, rest, self.config.prefill_chunk, self.draft,
-                    state.draft_cache)
-        state.mark(len(ids) - 1)
-        yield from speculative_decode(self.target, self.draft, ids[-1:], max_tokens, block_size,
+        todo = ids[state.cached:]
+        if state.recurrent:
+            # Recurrent states cannot be cut back: prefill up to the last prompt token and
+            # snapshot there (a regenerate resumes at that point). Attention caches are cut
+            # instead, sparing short prompts a second forward.
+            if len(todo) > 1:
+                prefill(self.target, state.cache, todo[:-1], self.config.prefill_chunk,
+                        self.draft, state.draft_cache)
+            state.mark(len(ids) - 1)
+            todo = todo[-1:]
+        yield from speculative_decode(self.target, self.draft, todo, max_tokens, block_size,
                                       self.config.prefill_chunk, cache=state.cache,
                                       draft_cache=state.draft_cache,
                                       sync_phases=self.config.sync_phases,
