@@ -489,13 +489,14 @@ class Server:
         chat = kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta: dict | None = None, finish: str | None = None, text: str = "") -> str:
+        def chunk(delta: dict | None = None, finish: str | None = None, text: str = "",
+                  **more: Any) -> str:
             if chat:
                 choice = {"index": 0, "delta": delta or {}, "logprobs": None,
                           "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            return sse({**base, "object": obj, "choices": [choice]})
+            return sse({**base, "object": obj, "choices": [choice], **more})
 
         outcome, n_calls, status = Outcome(), 0, 200
         try:
@@ -507,10 +508,12 @@ class Server:
                     n_calls += 1
                 elif piece:
                     yield chunk({"content": piece}) if chat else chunk(text=piece)
-            yield chunk({}, outcome.finish) if chat else chunk(finish=outcome.finish)
+            # usage rides on the last chunk always; include_usage adds OpenAI's own usage-only
+            # chunk after it
+            use = usage(outcome.stats, len(prompt))
+            yield chunk({}, outcome.finish, usage=use)
             if params.include_usage:
-                yield sse({**base, "object": obj, "choices": [],
-                           "usage": usage(outcome.stats, len(prompt))})
+                yield sse({**base, "object": obj, "choices": [], "usage": use})
             yield "data: [DONE]\n\n"
         except APIError as exc:
             status = exc.status

@@ -103,6 +103,7 @@ def test_chat_streamed_matches_and_reports_usage(served):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     assert chunks[-1].usage.completion_tokens == want.total_tokens
+    assert chunks[-1].choices == [] and chunks[-2].usage == chunks[-1].usage  # on the last too
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens is not None
 
 
