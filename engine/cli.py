@@ -3,23 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .config import add_engine_args, config_from_args
 from .errors import DFlashError
-
-
-def _json_arg(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg})") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(
-            "must be a JSON object, e.g. '{\"enable_thinking\": false}'"
-        )
-    return value
 
 
 def generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +21,6 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(p)
     p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
     p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
-    p.add_argument("--chat-template-args", type=_json_arg, default=None,
-                   help="JSON object passed to the chat template")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -59,8 +44,7 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt.append({"role": "user", "content": args.prompt})
     result = None
     for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
-                                    speculative=not args.no_speculative,
-                                    chat_template_args=args.chat_template_args):
+                                    speculative=not args.no_speculative):
         if isinstance(event, Finished):
             result = event.result
         else:

@@ -93,8 +93,9 @@ class DFlashRuntime:
                 raise PromptError(
                     f"{self.target_id} has no chat template. Fix: pass raw text instead."
                 )
+            kwargs = {**(self.config.chat_template_args or {}), **(chat_template_args or {})}
             ids = self.tokenizer.apply_chat_template(
-                items, add_generation_prompt=True, tokenize=True, **(chat_template_args or {})
+                items, add_generation_prompt=True, tokenize=True, **kwargs
             )
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
         raise PromptError(

@@ -275,12 +275,10 @@ def sse(obj: Any) -> str:
 
 class Server:
     def __init__(self, worker: EngineWorker, api_key: str | None = None,
-                 default_max_tokens: int = 512, chat_template_args: dict | None = None,
-                 speculative: bool = True):
+                 default_max_tokens: int = 512, speculative: bool = True):
         self.worker = worker
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
-        self.chat_template_args = chat_template_args or {}
         self.speculative = speculative
         self.created = int(time.time())
         self.metrics = Metrics()
@@ -363,8 +361,8 @@ class Server:
         params = parse_params(body, self.default_max_tokens, self.sampling_supported(rt))
         self.check_model(rt, params.model)
         tools = _typed(body, "tools", (list,), "a list")
-        template_args = dict(self.chat_template_args)
-        template_args.update(_typed(body, "chat_template_kwargs", (dict,), "an object") or {})
+        # over the server's --chat-template-args (the runtime merges them)
+        template_args = dict(_typed(body, "chat_template_kwargs", (dict,), "an object") or {})
         if tools:
             template_args["tools"] = tools
             if body.get("tool_choice") is not None:
@@ -598,8 +596,6 @@ def serve_parser() -> argparse.ArgumentParser:
                         "at most 8 GiB)")
     add_engine_args(p)
     p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
-    p.add_argument("--chat-template-args", type=_json_object, default=None,
-                   help="JSON object passed to the chat template on every request")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -615,17 +611,6 @@ def _cache_arg(text: str) -> int | str:
     if mb < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give megabytes, 'auto' or 'off'")
     return int(mb * (1 << 20))
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg})") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. "
-                                         "'{\"enable_thinking\": false}'")
-    return value
 
 
 def serve_main(argv: list[str]) -> int:
@@ -650,7 +635,6 @@ def serve_main(argv: list[str]) -> int:
         return rt
 
     app = create_app(load, api_key=args.api_key, default_max_tokens=args.max_tokens,
-                     chat_template_args=args.chat_template_args,
                      speculative=not args.no_speculative)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it can use it",

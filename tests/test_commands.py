@@ -59,6 +59,26 @@ def test_entry_points_are_the_subcommands(monkeypatch):
     assert seen == [["serve", "--port", "9"], ["benchmark", "--prompt", "x"]]
 
 
+def test_chat_template_args_reach_the_template_from_config_and_call(tiny_pairs, monkeypatch):
+    from engine.config import DFlashConfig
+    from engine.runtime import DFlashRuntime
+
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(
+        model=str(target), draft=str(draft),
+        config=DFlashConfig(chat_template_args={"enable_thinking": False, "a": 1}))
+    seen = []
+    real = rt.tokenizer.apply_chat_template
+
+    def spy(messages, **kwargs):
+        seen.append(kwargs)
+        return real(messages, **kwargs)
+
+    monkeypatch.setattr(rt.tokenizer, "apply_chat_template", spy)
+    rt.encode([{"role": "user", "content": "Hi"}], chat_template_args={"a": 2})
+    assert seen[-1]["enable_thinking"] is False and seen[-1]["a"] == 2
+
+
 def test_serve_flag_mistakes_are_one_line(capsys):
     assert main(["serve", "--block-size", "40"]) == 2
     err = capsys.readouterr().err
@@ -102,7 +122,8 @@ def test_seed_benchmark_form_runs_on_the_default_pair(tmp_path):
     smollm2_or_skip()
     report = tmp_path / "bench.json"
     proc = entry("benchmark_entry", "--prompt", "Count to five.", "--max-tokens", "16",
-                 "--repeat", "2", "--no-eos", "--dflash-max-ctx", "16384", "--json", str(report))
+                 "--repeat", "2", "--no-eos", "--dflash-max-ctx", "16384",
+                 "--chat-template-args", '{"enable_thinking": false}', "--json", str(report))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert json.loads(report.read_text())
