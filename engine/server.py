@@ -79,6 +79,7 @@ class EngineWorker:
     def __init__(self, load: Callable[[], Any]):
         self.rt: Any = None
         self.load_error: str | None = None
+        self.on_fail: Callable[[], None] | None = None  # called when loading fails
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self._depth = 0
         self._lock = threading.Lock()
@@ -105,8 +106,13 @@ class EngineWorker:
         try:
             self.rt = load()
         except Exception as exc:  # noqa: BLE001 - reported by /health and every request
-            log.exception("loading the model pair failed")
+            if isinstance(exc, DFlashError):  # a user mistake: one line, no traceback
+                log.error("dflash serve: %s", exc)
+            else:
+                log.exception("loading the model pair failed")
             self.load_error = str(exc) or type(exc).__name__
+            if self.on_fail is not None:
+                self.on_fail()
             return
         while (job := self.jobs.get()) is not None:
             try:
@@ -619,6 +625,9 @@ def serve_main(argv: list[str]) -> int:
     from .config import config_from_args
 
     args = serve_parser().parse_args(argv)
+    if args.max_tokens < 1:
+        print(f"dflash serve: --max-tokens {args.max_tokens}: use at least 1", file=sys.stderr)
+        return 2
     try:
         config = config_from_args(args, prompt_cache_bytes=args.prompt_cache)
     except DFlashError as exc:
@@ -639,5 +648,10 @@ def serve_main(argv: list[str]) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it can use it",
                     args.host)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level))
+    worker = app.state.server.worker
+    # A pair that cannot load ends the server (exit 2) rather than answering 503 forever.
+    worker.on_fail = lambda: setattr(server, "should_exit", True)
+    server.run()
+    return 2 if worker.load_error else 0

@@ -83,9 +83,23 @@ def test_serve_flag_mistakes_are_one_line(capsys):
     assert main(["serve", "--block-size", "40"]) == 2
     err = capsys.readouterr().err
     assert "block_size=40 is out of range" in err and "Traceback" not in err
+    assert main(["serve", "--max-tokens", "0"]) == 2
+    assert "--max-tokens 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "--chat-template-args", "[1]"])
     assert "must be a JSON object" in capsys.readouterr().err
+
+
+def test_serve_with_a_missing_model_exits_with_one_line(tmp_path, caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["serve", "--model", str(tmp_path / "nope"), "--port", str(port),
+                 "--log-level", "error"])
+    assert code == 2
+    errors = [r for r in caplog.records if r.name == "dflash.serve"]
+    assert errors and "no such folder" in errors[0].getMessage()
+    assert errors[0].exc_info is None  # no traceback
 
 
 # -- the three seed forms on the offline default pair, through the entry points -------------
