@@ -416,7 +416,10 @@ class Server:
     async def run(self, request: Request, rt: Any, prompt: list[int], params: Params,
                   kind: str, syntax: ToolSyntax | None, tools: Any) -> Response:
         options = {"speculative": self.speculative, **params.sampling}
-        job = Job(prompt, params.max_tokens, options, asyncio.get_running_loop())
+        # The reply ends at the context's end (clients often ask for more than is left); within
+        # max_ctx the draft stays on.
+        max_tokens = min(params.max_tokens, rt.config.max_ctx - len(prompt))
+        job = Job(prompt, max_tokens, options, asyncio.get_running_loop())
         self.worker.submit(job)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         base = {"id": rid, "created": int(time.time()), "model": rt.target_id}

@@ -44,8 +44,8 @@ class Running:
 
     def wait_ready(self):
         deadline = time.time() + 60
-        while httpx.get(self.url + "/health").status_code != 200:
-            assert time.time() < deadline, "model did not load"
+        while (health := httpx.get(self.url + "/health")).status_code != 200:
+            assert time.time() < deadline, f"model did not load: {health.text}"
             time.sleep(0.05)
         return self
 
@@ -61,7 +61,7 @@ def tiny_runtime(tiny_pairs, **config):
     target, draft = tiny_pairs("llama")
     return DFlashRuntime.from_pretrained(
         model=str(target), draft=str(draft),
-        config=DFlashConfig(dtype="float32", max_ctx=MAX_CTX, **config))
+        config=DFlashConfig(**{"dtype": "float32", "max_ctx": MAX_CTX, **config}))
 
 
 @pytest.fixture(scope="module")
@@ -203,23 +203,41 @@ sys.stdin.read()  # block until killed
 """
 
 
-def test_a_killed_client_does_not_stall_the_next_request(served):
-    running, ref = served
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, running.url + "/v1",
-                             ref.target_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def generated_total(running) -> float:
+    text = httpx.get(running.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return families["dflash_generated_tokens"].samples[0].value
+
+
+def test_a_killed_client_does_not_stall_the_next_request(tiny_pairs, served):
+    _, ref = served
+    big = 1 << 20  # room for the 100,000 tokens the killed client asks for
+    running = Running(lambda: tiny_runtime(tiny_pairs, max_ctx=big)).wait_ready()
     try:
-        assert proc.stdout.readline().strip() == b"streaming"
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, running.url + "/v1",
+                                 ref.target_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline().strip() == b"streaming"
+        finally:
+            proc.kill()
+            proc.wait()
+        # 100,000 tokens would take minutes; the next request must not wait for them.
+        client = running.client(timeout=60)
+        reply = client.chat.completions.create(model=ref.target_id, messages=chat("hi"),
+                                               max_tokens=6)
+        assert reply.choices[0].message.content == ref.generate(chat("hi"), max_tokens=6).text
+        assert running.app.state.server.worker.depth == 0
+        assert generated_total(running) < 20_000  # the killed stream stopped early
     finally:
-        proc.kill()
-        proc.wait()
-    # 100,000 tokens would take many minutes; the next request must not wait for them.
-    client = running.client(timeout=60)
-    start = time.time()
-    reply = client.chat.completions.create(model=ref.target_id, messages=chat("hi"),
-                                           max_tokens=6)
-    assert reply.choices[0].message.content == ref.generate(chat("hi"), max_tokens=6).text
-    assert time.time() - start < 60
-    assert running.app.state.server.worker.depth == 0
+        running.stop()
+
+
+def test_max_tokens_stops_at_the_context_end(served):
+    running, ref = served
+    reply = running.client().chat.completions.create(model=ref.target_id, messages=chat("hi"),
+                                                     max_tokens=100_000)
+    assert reply.usage.model_extra["dflash"]["speculative"]  # the draft stayed on
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= MAX_CTX
 
 
 def test_metrics_parse_as_prometheus_text(served):
