@@ -165,3 +165,17 @@ def test_prompt_cache_bytes_config():
     for bad in (-1, "lots", 1.5, True):
         with pytest.raises(ConfigError, match="prompt_cache_bytes"):
             DFlashConfig(prompt_cache_bytes=bad)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_switching_conversations_keeps_each_ones_state(pairs, family):
+    rt, ref = pairs(family)
+    rt.clear_cache()
+    a = [{"role": "user", "content": "Hello! How can I help?"}]
+    b = [{"role": "system", "content": "You write code."},
+         {"role": "user", "content": "def add(a, b):"}]
+    first_a = same(rt, ref, a)
+    same(rt, ref, b)
+    a += [{"role": "assistant", "content": first_a.text}, {"role": "user", "content": "More?"}]
+    again = same(rt, ref, a)
+    assert again.cached_tokens >= first_a.prompt_tokens - 1
