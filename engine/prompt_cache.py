@@ -205,7 +205,10 @@ class PromptCache:
         if state.draft_cache is not None:
             draft_kv = [_kv(c) for c in state.draft_cache]
         entry = Entry(list(tokens), kv, draft_kv, snapshots)
-        entry.nbytes = _nbytes(kv) + _nbytes(draft_kv) + sum(
+        # The kept KV slices hold their caches' whole buffers (grown in steps): count those.
+        kv_caches = [c for c in state.cache if type(c) is KVCache]
+        kv_caches += state.draft_cache if draft_kv is not None else []
+        entry.nbytes = sum(c.nbytes for c in kv_caches) + sum(
             _nbytes([s[0] for s in snap.values()]) for snap in snapshots.values())
         if entry.nbytes > self.max_bytes:
             return
