@@ -11,10 +11,10 @@ Two parts, one process, the offline default pair unless --model / --draft say ot
    reuse, and the last turn's fresh-prefill TTFT for scale. Done when the last turn's TTFT
    is within 1.5x of the first turn's.
 
-Timings on a busy machine are noise: run it alone. On CPU, attention over a long context
-costs what it costs (MLX's CPU softmax: ~20 ns per score, so 60 new tokens over 4,000 cached
-ones take seconds in SmolLM2's 30 layers x 9 heads) whatever is reused; the JSON lists each
-turn's prefilled tokens so the two are told apart.
+Timings on a busy machine are noise: run it alone. Reuse removes the re-reading of the
+history, not the new tokens' attention over it: on CPU that attention (new x cached scores
+per head and layer, bound by MLX's scalar exp) grows with the conversation. The JSON lists
+each turn's prefilled tokens so the two are told apart.
 """
 
 from __future__ import annotations
