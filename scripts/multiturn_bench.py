@@ -157,6 +157,8 @@ def main() -> int:
     if not args.skip_long:
         report["long_conversation"] = long_conversation(
             rt, questions, args.long_turns, args.long_tokens, args.long_max_tokens)
+    if hasattr(os, "getloadavg"):  # other work during the run shows here
+        report["machine"]["load_average_after"] = os.getloadavg()
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")
