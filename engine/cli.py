@@ -111,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     if argv and argv[0] == "benchmark":
         if "--synthetic" in argv:
-            from .synthetic import synthetic_main
+            from .bench.synthetic import synthetic_main
 
             return synthetic_main(argv[1:])
-        from .bench import benchmark_main
+        from .bench.compare import benchmark_main
 
         return benchmark_main(argv[1:])
     if argv and argv[0] == "train-draft":

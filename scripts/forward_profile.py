@@ -24,7 +24,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
             sizes: tuple[int, ...] = (1, 16)) -> dict:
     import mlx.core as mx
 
-    from engine.bench import machine_info, versions
+    from engine.bench.environment import machine_info, versions
     from engine.cycle import cache_arrays, prefill
     from engine.kernels import current_backend
     from engine.loading import load_target

@@ -180,7 +180,7 @@ def check_adapter(kernels: GatedDeltaKernels) -> dict:
     """A small qwen3_5 with real GDN head dims through GatedDeltaAdapter + the kernels."""
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-    from engine.synthetic import build_target
+    from engine.bench.synthetic import build_target
     from engine.targets.gated_delta import GatedDeltaAdapter
 
     config = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
@@ -219,7 +219,7 @@ def check_adapter(kernels: GatedDeltaKernels) -> dict:
 
 # -- main -----------------------------------------------------------------------------------
 def run(out_path: Path | None, iters: int = 50) -> dict:
-    from engine.bench import machine_info, versions
+    from engine.bench.environment import machine_info, versions
 
     started = time.perf_counter()
     report: dict[str, Any] = {"script": "scripts/gpu_checks.py", "machine": machine_info(),

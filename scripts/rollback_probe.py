@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str) -> dict:
     import mlx.core as mx
 
+    from engine.bench.synthetic import build_target
     from engine.cycle import cache_arrays, prefill
-    from engine.synthetic import build_target
     from engine.targets import adapter_for
 
     model = build_target(name, layers, None, dtype, 0)

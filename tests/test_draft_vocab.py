@@ -166,7 +166,7 @@ def test_draft_vocab_config_validates_and_auto_is_cpu_only():
 
 
 def test_draft_vocab_flag_parses_for_generate_and_benchmark():
-    from engine.bench import build_parser as bench_parser
+    from engine.bench.compare import build_parser as bench_parser
     from engine.config import config_from_args, vocab_arg
 
     assert [vocab_arg(t) for t in ("auto", "off", "256", "8192")] == ["auto", None, 256, 8192]
@@ -212,7 +212,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
 
 
 def test_cli_reports_the_draft_vocab(ranked, tmp_path, capsys):
-    from engine.bench import benchmark_main
+    from engine.bench.compare import benchmark_main
     from engine.cli import main
 
     target, draft, _ = ranked

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.synthetic import MODELS, load_spec, oracle_proposer, synthetic_main, target_config
+from engine.bench.synthetic import MODELS, load_spec, oracle_proposer, synthetic_main, target_config
 
 TINY = ["--override", "hidden_size=64", "--override", "intermediate_size=128",
         "--override", "vocab_size=256", "--override", "linear_num_key_heads=2",

@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_pairs import make_tiny_pair
 
 from engine.cycle import propose
 from engine.draft import DFlashDraft
@@ -14,7 +15,6 @@ from engine.loading import load_draft_folder, load_target
 from engine.prompts import build_prompts
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
-from engine.testing import make_tiny_pair
 from engine.train import (
     Batch,
     Dataset,

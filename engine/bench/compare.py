@@ -7,201 +7,32 @@ output must equal the baseline's token for token; a mismatch is a correctness bu
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import add_engine_args, config_from_args
-from .errors import DFlashError
+from ..config import add_engine_args, config_from_args
+from ..errors import DFlashError
+from .environment import environment
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from .suites import EVAL_DATA_ENV, PROMPT_FORMATS, BenchError, BenchPrompt, encode, load_prompts
+from .timing import Side, baseline_function, first_mismatch, run_baseline
 
-SUITES = {"mt-bench": "mt_bench.jsonl", "humaneval": "humaneval.jsonl.gz",
-          "gsm8k": "gsm8k_100.jsonl"}
-HUMANEVAL_ASK = "Complete the following Python function.\n\n```python\n{prompt}```"
-PROMPT_FORMATS = {
-    "mt-bench": "turn 1 (turns[0]) as one user chat message, chat template applied",
-    "humaneval": ("one user chat message: " + repr(HUMANEVAL_ASK.split("{")[0])
-                  + " + the code prompt in a ```python fence, chat template applied"),
-    "gsm8k": "the question (`prompt`) as one user chat message, chat template applied",
-    "file": "per record turns[0] if present, else `prompt`, as one user chat message, "
-            "chat template applied",
-    "text": "the --prompt text as one user chat message, chat template applied",
-}
-EVAL_DATA_ENV = "DFLASH_EVAL_DATA"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 8
 
 
-class BenchError(DFlashError):
-    """A benchmark input the user must fix (missing file, bad record, bad option)."""
-
-
-@dataclass
-class BenchPrompt:
-    id: str
-    text: str  # the user message
-
-
-@dataclass
-class Side:
-    """One timed generation: what it produced and how long it took."""
-
-    tokens: list[int]
-    elapsed_s: float  # prefill included
-    prefill_s: float  # until the first token
-    peak_memory_bytes: int
-    finish_reason: str
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        # Same definition as GenerationResult: tokens after the first over time after it.
-        decode_s = self.elapsed_s - self.prefill_s
-        return (len(self.tokens) - 1) / decode_s if decode_s > 0 else 0.0
-
-
-# -- prompts ------------------------------------------------------------------------------
-def find_data_dir(explicit: str | None = None) -> Path:
-    """--data-dir, else $DFLASH_EVAL_DATA, else ../shared/data next to the repo or the cwd."""
-    if explicit or os.environ.get(EVAL_DATA_ENV):
-        path = Path(explicit or os.environ[EVAL_DATA_ENV]).expanduser()
-        if not path.is_dir():
-            raise BenchError(f"evaluation data folder {path} does not exist. Fix: pass the "
-                             "folder holding " + ", ".join(SUITES.values()) + ".")
-        return path
-    tried = [REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-    for path in tried:
-        if path.is_dir():
-            return path
-    raise BenchError(
-        "evaluation data not found (looked in " + ", ".join(map(str, tried)) + "). Fix: put "
-        + ", ".join(SUITES.values()) + f" in one of those, set {EVAL_DATA_ENV}, or pass "
-        "--data-dir."
-    )
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BenchError(f"{path}: no such file. Fix: check the path.")
-    opener = gzip.open if path.suffix == ".gz" else open
-    records = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BenchError(f"{path}:{n}: not JSON ({exc.msg}). Fix: one JSON object "
-                                 "per line.") from exc
-            if not isinstance(record, dict):
-                raise BenchError(f"{path}:{n}: expected a JSON object per line.")
-            records.append(record)
-    return records
-
-
-def record_prompt(record: dict, index: int, where: str, suite: str | None = None
-                  ) -> BenchPrompt:
-    """turns[0] when present (mt-bench style), else `prompt`."""
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        text = turns[0]
-    elif isinstance(record.get("prompt"), str):
-        text = record["prompt"]
-    else:
-        raise BenchError(f"{where}: record {index + 1} has neither `turns` (list of strings) "
-                         "nor `prompt` (string).")
-    if suite == "humaneval":
-        text = HUMANEVAL_ASK.format(prompt=text)
-    rid = record.get("question_id", record.get("task_id", record.get("id", index)))
-    return BenchPrompt(str(rid), text)
-
-
-def load_prompts(prompt: str | None = None, prompt_file: str | None = None,
-                 suite: str | None = None, data_dir: str | None = None,
-                 limit: int | None = None) -> tuple[list[BenchPrompt], str]:
-    """-> (prompts, prompt_format). Exactly one source should be given."""
-    if prompt is not None:
-        if not prompt.strip():
-            raise BenchError("--prompt is empty. Fix: pass some text.")
-        return [BenchPrompt("prompt", prompt)], PROMPT_FORMATS["text"]
-    if prompt_file is not None:
-        path = Path(prompt_file).expanduser()
-        prompts = [record_prompt(r, i, str(path)) for i, r in enumerate(read_jsonl(path))]
-        fmt = PROMPT_FORMATS["file"]
-    elif suite is not None:
-        if suite not in SUITES:
-            raise BenchError(f"unknown suite {suite!r}. Fix: use one of {', '.join(SUITES)}.")
-        path = find_data_dir(data_dir) / SUITES[suite]
-        if not path.is_file():
-            raise BenchError(f"{path}: the {suite} prompts are missing. Fix: put "
-                             f"{SUITES[suite]} there, or point --data-dir / {EVAL_DATA_ENV} "
-                             "at the folder that has it.")
-        prompts = [record_prompt(r, i, str(path), suite) for i, r in enumerate(read_jsonl(path))]
-        fmt = PROMPT_FORMATS[suite]
-    else:
-        raise BenchError("no prompts. Fix: pass --prompt, --prompt-file or --suite.")
-    prompts = prompts[:limit] if limit else prompts
-    if not prompts:
-        raise BenchError(f"{path}: no prompts in the file.")
-    return prompts, fmt
-
-
-def encode(rt: Any, prompt: BenchPrompt | str) -> list[int]:
-    """The chat-templated ids both sides get (raw text when the target has no template)."""
-    text = prompt.text if isinstance(prompt, BenchPrompt) else prompt
-    if getattr(rt.tokenizer, "chat_template", None) is None:
-        return rt.encode(text)
-    return rt.encode([{"role": "user", "content": text}])
-
-
 # -- timed generations --------------------------------------------------------------------
-def run_baseline(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> Side:
-    """Plain mlx-lm greedy decoding. stream_generate always stops at EOS, so --no-eos uses
-    generate_step (what stream_generate wraps) directly. Same prefill step as DFlash."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step, stream_generate
-
-    from .runtime import peak_memory
-
-    step = rt.config.prefill_chunk
-    mx.reset_peak_memory()
-    tokens: list[int] = []
-    first = None
-    finish = "length"
-    start = time.perf_counter()
-    if no_eos:
-        for token, _ in generate_step(mx.array(ids), rt.model, max_tokens=max_tokens,
-                                      prefill_step_size=step):
-            first = first or time.perf_counter()
-            tokens.append(int(token))
-    else:
-        for resp in stream_generate(rt.model, rt.tokenizer, mx.array(ids), max_tokens,
-                                    prefill_step_size=step):
-            first = first or time.perf_counter()
-            if resp.finish_reason == "stop":  # the EOS token itself is not output
-                finish = "stop"
-                break
-            tokens.append(int(resp.token))
-    end = time.perf_counter()
-    return Side(tokens, end - start, (first or end) - start, peak_memory(), finish)
-
-
-def baseline_function(no_eos: bool) -> str:
-    return "mlx_lm.generate.generate_step" if no_eos else "mlx_lm.stream_generate"
+def baseline(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> Side:
+    """The mlx-lm side on the runtime's own model (stream_generate, or generate_step with
+    --no-eos: stream_generate always stops at EOS)."""
+    return run_baseline(rt.model, ids, max_tokens, rt.config.prefill_chunk,
+                        None if no_eos else rt.tokenizer)
 
 
 def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> tuple[Side, Any]:
@@ -212,13 +43,6 @@ def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> tuple[
 
 
 # -- one prompt ---------------------------------------------------------------------------
-def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def median_side(sides: list[Side]) -> dict:
     """Medians over repeats (tokens are the same every repeat: greedy)."""
     med = statistics.median
@@ -262,7 +86,7 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_
     results = []
     for _ in range(repeat):
         pause()
-        bases.append(run_baseline(rt, ids, max_tokens, no_eos))
+        bases.append(baseline(rt, ids, max_tokens, no_eos))
         pause()
         side, result = run_dflash(rt, ids, max_tokens, no_eos)
         flashes.append(side)
@@ -327,7 +151,7 @@ def warm_up(rt: Any, prompt: BenchPrompt | str, max_tokens: int, no_eos: bool) -
     """One short generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
     n = min(WARMUP_TOKENS, max_tokens)
-    run_baseline(rt, ids, n, no_eos)
+    baseline(rt, ids, n, no_eos)
     run_dflash(rt, ids, n, no_eos)
 
 
@@ -357,11 +181,9 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     desc = rt.describe()
     return {
         "timestamp": started,
-        "machine": machine_info(),
+        **environment(),
         "backend": desc["backend"],
         "dtype": desc["dtype"],
-        "versions": versions(),
-        "blas": blas_info(),
         "model": desc,
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
                      "no_eos": no_eos, "warmup": warmup, "greedy": True,
@@ -398,75 +220,6 @@ def definitions() -> dict:
                        "from the full vocabulary",
         **DEFINITIONS,
     }
-
-
-# -- environment --------------------------------------------------------------------------
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _total_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def machine_info() -> dict:
-    import mlx.core as mx
-
-    try:
-        device = {k: v for k, v in mx.device_info().items()}
-    except Exception:  # older MLX or no device info for this backend
-        device = {}
-    on_gpu = mx.default_device().type == mx.DeviceType.gpu
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": _total_memory(),
-        "default_device": str(mx.default_device()),
-        "gpu": device.get("device_name") if on_gpu else None,
-        "device_info": device,
-    }
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import mlx.core as mx
-
-    from . import __version__
-
-    try:
-        mlx_lm = version("mlx-lm")
-    except PackageNotFoundError:
-        import mlx_lm as m
-
-        mlx_lm = getattr(m, "__version__", "unknown")
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm, "dflash_engine": __version__,
-            "python": platform.python_version()}
-
-
-def blas_info() -> dict:
-    """Which BLAS the CPU matmuls use: LD_PRELOAD'ed OpenBLAS or MLX's bundled one."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    try:  # Linux: the libraries actually mapped into this process
-        maps = Path("/proc/self/maps").read_text().splitlines()
-        # numpy's scipy_openblas uses suffixed symbols: it never serves MLX's matmuls.
-        mapped = sorted({line.split()[-1] for line in maps if "blas" in line.lower()
-                         and "/" in line and "scipy_openblas" not in line})
-    except OSError:
-        mapped = None
-    return {"openblas_preloaded": "openblas" in preload.lower(), "ld_preload": preload or None,
-            "blas_libraries_loaded": mapped}
 
 
 # -- terminal + CLI -----------------------------------------------------------------------
@@ -523,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", help='JSONL with "prompt" or "turns" per record')
     src.add_argument("--suite", help="mt-bench | humaneval | gsm8k")
     p.add_argument("--data-dir", help=f"folder with the suite files (default: ${EVAL_DATA_ENV} "
-                   "or ../shared/data)")
+                   "or the suites packaged with dflash)")
     p.add_argument("--limit", type=int, help="first N prompts only")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeat", type=int, default=1, help="runs per prompt (median reported)")
@@ -563,7 +316,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         check_args(args)
         prompts, fmt = load_prompts(args.prompt, args.prompt_file, args.suite, args.data_dir,
                                     args.limit)
-        from .runtime import DFlashRuntime
+        from ..runtime import DFlashRuntime
 
         try:
             config = config_from_args(args, sync_phases=args.profile)

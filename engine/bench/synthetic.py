@@ -1,6 +1,6 @@
 """`dflash benchmark --synthetic MODEL`: SYNTHETIC speed benchmark on random-weight targets.
 
-Random weights at a real model's shapes (engine/data/synthetic/*.json), a random draft of
+Random weights at a real model's shapes (data/synthetic/*.json), a random draft of
 the published size, and an oracle proposer that agrees with the target's greedy
 continuation at a chosen mean tokens-per-cycle. It measures what the machine does with
 those shapes (T_verify16 / T_ar at a context length, per-phase cycle times, end-to-end
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,9 +28,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .cycle import Proposer, propose, speculative_decode
-from .draft import DFlashDraft, DraftArgs, default_tap_ids
-from .targets.base import TargetAdapter, text_args
+from ..cycle import Proposer, propose, speculative_decode
+from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..targets.base import TargetAdapter, text_args
+from .environment import environment
+from .timing import Side, first_mismatch, run_baseline
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
 MODELS = ("qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3-8b", "smollm2-135m")
@@ -156,33 +160,12 @@ class TimedTarget:
 
 
 # -- timed runs -----------------------------------------------------------------------------
-def run_baseline(model: nn.Module, prompt: list[int], max_tokens: int) -> dict:
-    """mlx-lm greedy decoding (generate_step, no EOS stop) -> tokens and timings."""
-    from mlx_lm.generate import generate_step
-
-    tokens: list[int] = []
-    first = None
-    start = time.perf_counter()
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                  prefill_step_size=PREFILL_CHUNK):
-        first = first or time.perf_counter()
-        tokens.append(int(token))
-    end = time.perf_counter()
-    return _side(tokens, start, first or end, end)
-
-
-def _side(tokens: list[int], start: float, first: float, end: float) -> dict:
-    decode_s = end - first
-    return {"tokens": tokens, "generated_tokens": len(tokens), "elapsed_s": end - start,
-            "prefill_s": first - start,
-            "tokens_per_second": len(tokens) / (end - start),
-            "decode_tokens_per_second": (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0}
-
-
 def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                reference: Sequence[int], max_tokens: int, block_size: int,
-               tokens_per_cycle: float, seed: int, draft_cost: bool = True) -> dict:
-    """speculative_decode (the engine's own loop) with the oracle proposer."""
+               tokens_per_cycle: float, seed: int, draft_cost: bool = True
+               ) -> tuple[Side, dict]:
+    """speculative_decode (the engine's own loop) with the oracle proposer
+    -> (the timed side, its cycle summary)."""
     timed = TimedTarget(target)
     draft_cache = draft.make_cache()
     forward = None
@@ -193,6 +176,7 @@ def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                                target.vocab_size, seed, forward)
     tokens: list[int] = []
     cycles, walls = [], []
+    mx.reset_peak_memory()
     start = time.perf_counter()
     first = last = None
     for commit in speculative_decode(timed, draft, prompt, max_tokens, block_size,
@@ -206,9 +190,9 @@ def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
         first = first or now
         last = now
     end = time.perf_counter()
-    side = _side(tokens[:max_tokens], start, first or end, end)
-    side.update(cycle_summary(cycles, walls, timed.forward_s))
-    return side
+    side = Side(tokens[:max_tokens], end - start, (first or end) - start,
+                int(mx.get_peak_memory()), "length")
+    return side, cycle_summary(cycles, walls, timed.forward_s)
 
 
 def cycle_summary(cycles: list, walls: list[float], forward_s: list[float]) -> dict:
@@ -283,19 +267,13 @@ def forward_timings(model: nn.Module, target: TargetAdapter, prompt: list[int], 
 
 
 # -- the benchmark --------------------------------------------------------------------------
-def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
-
-
 def run_synthetic(name: str, layers: int | None = None, overrides: dict | None = None,
                   draft_overrides: dict | None = None, dtype: str | None = None,
                   ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
                   block_size: int = 16, iters: int = 10, seed: int = 0,
                   kernels: str = "auto", draft_cost: bool = True, warmup: bool = True) -> dict:
-    from .bench import blas_info, machine_info, versions
-    from .kernels import current_backend
-    from .targets import adapter_for
+    from ..kernels import current_backend
+    from ..targets import adapter_for
 
     backend = current_backend()
     dtype = dtype or ("float32" if backend == "cpu" else "bfloat16")
@@ -311,14 +289,14 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     if warmup:  # compile and allocate outside the timed runs
         target.warm_up()  # the replay kernel too: a high-acceptance warm-up never rolls back
         n = min(8, max_tokens)
-        ref = run_baseline(model, prompt, n)["tokens"]
+        ref = run_baseline(model, prompt, n, PREFILL_CHUNK).tokens
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
                    draft_cost)
-    base = run_baseline(model, prompt, max_tokens)
-    flash = run_dflash(target, draft, prompt, base["tokens"], max_tokens, block_size,
-                       tokens_per_cycle, seed, draft_cost)
+    base = run_baseline(model, prompt, max_tokens, PREFILL_CHUNK)
+    flash, cycles = run_dflash(target, draft, prompt, base.tokens, max_tokens, block_size,
+                               tokens_per_cycle, seed, draft_cost)
     fwd = forward_timings(model, target, prompt, iters, block_size)
-    mismatch = first_mismatch(base["tokens"], flash["tokens"])
+    mismatch = first_mismatch(base.tokens, flash.tokens)
     cfg = text_args(model)
     return {
         "synthetic": True,
@@ -329,9 +307,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                  "(--tokens-per-cycle), so speed-ups show the machine's cost structure, "
                  "not a real draft's quality"),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
-        "versions": versions(),
-        "blas": blas_info(),
+        **environment(),
         "backend": backend,
         "dtype": dtype,
         "kernels": getattr(getattr(target, "kernels", None), "name", "n/a"),
@@ -346,11 +322,11 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "baseline_function": "mlx_lm.generate.generate_step",
         "build_s": build_s,
         "forward": fwd,
-        "baseline": {k: v for k, v in base.items() if k != "tokens"},
-        "dflash": {k: v for k, v in flash.items() if k != "tokens"},
-        "speedup": flash["tokens_per_second"] / base["tokens_per_second"],
-        "decode_speedup": (flash["decode_tokens_per_second"] / base["decode_tokens_per_second"]
-                           if base["decode_tokens_per_second"] else None),
+        "baseline": base.summary(),
+        "dflash": {**flash.summary(), **cycles},
+        "speedup": flash.tokens_per_second / base.tokens_per_second,
+        "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
+                           if base.decode_tokens_per_second else None),
         "token_match": mismatch is None,
         "first_mismatch": mismatch,
         "definitions": {
@@ -434,6 +410,8 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
         args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup)
+    report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
+                                                            else argv), **report}
     print("\n".join(summary_lines(report)))
     if args.json:
         Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)
