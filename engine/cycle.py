@@ -7,17 +7,16 @@ Every committed token is the target's greedy argmax, so output equals plain gree
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
-from .targets.base import TargetAdapter
+from .targets.base import TargetAdapter, cache_arrays
 
 
 @dataclass
@@ -47,23 +46,18 @@ class PhaseClock:
         return elapsed
 
 
-def cache_arrays(*caches: list[Any]) -> list[mx.array]:
-    return [a for c in caches for _, a in tree_flatten([x.state for x in c])
-            if isinstance(a, mx.array)]
-
-
 def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: int,
-            draft: DFlashDraft | None = None, draft_cache: list[Any] | None = None) -> mx.array:
-    """Run the prompt through the target in chunks; feed tapped features to the draft.
-    Returns the logits of the last prompt position [V]."""
-    tap_ids = draft.args.target_layer_ids if draft is not None else []
+            proposer: DraftProposer | None = None) -> mx.array:
+    """Run the prompt through the target in chunks; feed tapped features to the proposer's
+    draft context. Returns the logits of the last prompt position [V]."""
+    tap_ids = proposer.tap_ids if proposer is not None else []
     logits = None
     for start in range(0, len(prompt), chunk):
         ids = mx.array([prompt[start:start + chunk]])
         logits, taps = target.forward(ids, cache, tap_ids, last_only=True)
-        if draft is not None:
-            draft.append_context(taps, draft_cache)
-        mx.eval(logits, cache_arrays(cache, draft_cache or []))
+        if proposer is not None:
+            proposer.append_context(taps)
+        mx.eval(logits, cache_arrays(cache, proposer.cache if proposer is not None else []))
     assert logits is not None, "empty prompt"
     return logits[0, -1]
 
@@ -103,50 +97,56 @@ def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.a
     return mx.sum(mx.cumprod(match)), choice
 
 
-Proposer = Callable[[int, int, int], mx.array]  # (staged, size, position) -> verify input
+@dataclass
+class DraftProposer:
+    """The DFlash draft as the cycle's proposer: its context cache, output head and verify cut.
+
+    `propose(staged, size, position)` returns the verify input [1, <= size] (staged token
+    first); tests and the synthetic benchmark subclass it to propose other tokens while the
+    draft's context still follows every commit."""
+
+    target: TargetAdapter
+    draft: DFlashDraft
+    head: DraftHead | None = None  # None: the target's full lm_head
+    min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
+    cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
+
+    def __post_init__(self) -> None:
+        if not self.cache:
+            self.cache = self.draft.make_cache()
+
+    @property
+    def tap_ids(self) -> Sequence[int]:
+        """The target layers whose outputs feed the draft's context."""
+        return self.draft.args.target_layer_ids
+
+    def append_context(self, taps: mx.array) -> None:
+        """Add committed tokens' tapped target features to the draft's context."""
+        self.draft.append_context(taps, self.cache)
+
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
+        return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
+                       self.head)
 
 
-class AdaptiveBlock:
-    """Verify about twice the recent accepted run: a 16-token verify costs ~1.4x a 1-token
-    step on CPU, wasted when the draft lands 1-2 tokens; loops grow it back to the maximum.
-    Any size is lossless: this only trades verify cost against tokens per cycle."""
-
-    def __init__(self, largest: int, smoothing: float = 0.3) -> None:
-        self.largest, self.smoothing, self.mean = largest, smoothing, float(largest)
-
-    def size(self) -> int:
-        return max(2, min(self.largest, 2 + round(2 * self.mean)))
-
-    def update(self, accepted: int) -> None:
-        self.mean += self.smoothing * (accepted - self.mean)
-
-
-def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
+def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
-                       cache: list[Any] | None = None, draft_cache: list[Any] | None = None,
-                       proposer: Proposer | None = None, sync_phases: bool = False,
-                       adaptive: bool = False, min_confidence: float | None = None,
-                       head: DraftHead | None = None) -> Iterator[Commit]:
-    """Caches may be passed in (empty) to inspect them; `proposer` replaces the draft's
-    proposals (tests use an oracle that knows the target's continuation) and may return
-    fewer than `size` tokens. `head`: the draft's output head (default: the target's full
-    lm_head)."""
+                       cache: list[Any] | None = None, sync_phases: bool = False
+                       ) -> Iterator[Commit]:
+    """Yields the prefill's token, then one Commit per cycle. `cache` may be passed in
+    (empty) to inspect it afterwards; `sync_phases` evaluates each phase on its own so the
+    cycle stats hold device times per phase (see PhaseClock)."""
     cache = target.make_cache() if cache is None else cache
-    draft_cache = draft.make_cache() if draft_cache is None else draft_cache
-    if proposer is None:
-        def proposer(staged: int, size: int, position: int) -> mx.array:
-            return propose(target, draft, draft_cache, staged, size, min_confidence, head)
-    tap_ids = draft.args.target_layer_ids
+    tap_ids = proposer.tap_ids
     position = len(prompt)
-    policy = AdaptiveBlock(block_size) if adaptive else None
-    staged = int(mx.argmax(prefill(target, cache, prompt, prefill_chunk, draft, draft_cache)))
+    staged = int(mx.argmax(prefill(target, cache, prompt, prefill_chunk, proposer)))
     yield Commit([staged], 0)
     emitted, index = 1, 0
     while emitted < max_tokens:
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
-        size = min(policy.size() if policy else block_size, max_tokens - emitted)
+        size = min(block_size, max_tokens - emitted)
         clock = PhaseClock(sync_phases)
-        verify_in = proposer(staged, size, position)
+        verify_in = proposer.propose(staged, size, position)
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
 
@@ -156,11 +156,9 @@ def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[i
         verify_s = clock.lap(accepted, choice)
 
         a = int(accepted)
-        if policy:
-            policy.update(a)
         target.rollback(cache, keep=a + 1, verified=size)
-        draft.append_context(taps[:, : a + 1], draft_cache)
-        rollback_s = clock.lap(cache_arrays(cache, draft_cache))
+        proposer.append_context(taps[:, : a + 1])
+        rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
         tokens = verify_in[0, 1: a + 1].tolist() + [int(choice[a])]
         staged = tokens[-1]

@@ -25,11 +25,12 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     import mlx.core as mx
 
     from engine.bench.environment import machine_info, versions
-    from engine.cycle import cache_arrays, prefill
-    from engine.kernels import current_backend
+    from engine.cycle import prefill
+    from engine.device import current as current_backend
     from engine.loading import load_target
     from engine.registry import default_pair
     from engine.targets import adapter_for
+    from engine.targets.base import cache_arrays
 
     model, _, name = load_target(model_id or default_pair().target, dtype)
     target = adapter_for(model)

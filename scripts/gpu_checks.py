@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
+from engine import device  # noqa: E402
 from engine.kernels import PORTABLE, GatedDeltaKernels, native_kernels  # noqa: E402
 
 # (name, B, Hk, Hv, Dk, Dv, dtype, vector gate, T values)
@@ -49,7 +50,7 @@ Y_TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def cuda_available() -> bool:
-    return hasattr(mx, "cuda") and mx.cuda.is_available()
+    return device.present("cuda")
 
 
 def make_inputs(B: int, T: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, vec: bool,

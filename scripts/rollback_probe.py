@@ -23,8 +23,9 @@ def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str
     import mlx.core as mx
 
     from engine.bench.synthetic import build_target
-    from engine.cycle import cache_arrays, prefill
+    from engine.cycle import prefill
     from engine.targets import adapter_for
+    from engine.targets.base import cache_arrays
 
     model = build_target(name, layers, None, dtype, 0)
     target = adapter_for(model, enable_tape_replay=True, kernels=kernels)

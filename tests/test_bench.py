@@ -70,8 +70,8 @@ def test_token_mismatch_exits_1(tiny_pairs, prompt_file, tmp_path, monkeypatch, 
     target, draft = tiny_pairs("llama")
     real = bench.run_dflash
 
-    def broken(rt, ids, max_tokens, no_eos):
-        side, result = real(rt, ids, max_tokens, no_eos)
+    def broken(*args):
+        side, result = real(*args)
         side.tokens = [t + 1 for t in side.tokens]
         return side, result
 

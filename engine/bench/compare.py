@@ -35,8 +35,9 @@ def baseline(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> Side:
                         None if no_eos else rt.tokenizer)
 
 
-def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> tuple[Side, Any]:
-    result = rt.generate(ids, max_tokens=max_tokens, no_eos=no_eos)
+def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool, profile: bool = False
+               ) -> tuple[Side, Any]:
+    result = rt.generate(ids, max_tokens=max_tokens, no_eos=no_eos, profile=profile)
     side = Side(result.tokens, result.elapsed_s, result.prefill_s, result.peak_memory_bytes,
                 result.finish_reason)
     return side, result
@@ -79,7 +80,7 @@ def cycle_json(results: list[Any]) -> dict:
 
 
 def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_eos: bool,
-                 pause: Callable[[], None]) -> dict:
+                 pause: Callable[[], None], profile: bool = False) -> dict:
     ids = encode(rt, prompt)
     bases: list[Side] = []
     flashes: list[Side] = []
@@ -88,7 +89,7 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_
         pause()
         bases.append(baseline(rt, ids, max_tokens, no_eos))
         pause()
-        side, result = run_dflash(rt, ids, max_tokens, no_eos)
+        side, result = run_dflash(rt, ids, max_tokens, no_eos, profile)
         flashes.append(side)
         results.append(result)
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
@@ -158,7 +159,8 @@ def warm_up(rt: Any, prompt: BenchPrompt | str, max_tokens: int, no_eos: bool) -
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,
                   repeat: int = 1, cooldown: float = 0.0, no_eos: bool = False,
                   warmup: bool = True, prompt_format: str = PROMPT_FORMATS["text"],
-                  progress: Callable[[int, int, BenchPrompt], None] | None = None) -> dict:
+                  progress: Callable[[int, int, BenchPrompt], None] | None = None,
+                  profile: bool = False) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
     Returns the report dict that --json writes (without the command line)."""
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
@@ -177,7 +179,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     for i, prompt in enumerate(items):
         if progress is not None:
             progress(i, len(items), prompt)
-        runs.append(bench_prompt(rt, prompt, max_tokens, repeat, no_eos, pause))
+        runs.append(bench_prompt(rt, prompt, max_tokens, repeat, no_eos, pause, profile))
     desc = rt.describe()
     return {
         "timestamp": started,
@@ -189,8 +191,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "no_eos": no_eos, "warmup": warmup, "greedy": True,
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
-                     "sync_phases": rt.config.sync_phases,
-                     "adaptive_block": rt.config.adaptive_block,
+                     "sync_phases": profile,
                      "min_draft_confidence": rt.min_confidence,
                      "draft_vocab": rt.draft_vocab},
         "baseline_function": baseline_function(no_eos),
@@ -319,7 +320,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         from ..runtime import DFlashRuntime
 
         try:
-            config = config_from_args(args, sync_phases=args.profile)
+            config = config_from_args(args)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):
@@ -329,7 +330,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
             err.print(f"[dim]prompt {i + 1}/{n}: {prompt.id}[/dim]")
 
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
-                               args.no_eos, not args.no_warmup, fmt, progress)
+                               args.no_eos, not args.no_warmup, fmt, progress, args.profile)
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2

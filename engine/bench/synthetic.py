@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..cycle import Proposer, propose, speculative_decode
+from ..cycle import DraftProposer, speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
@@ -115,27 +115,41 @@ def build_draft(args: DraftArgs, dtype: str, seed: int = 1) -> DFlashDraft:
 
 
 # -- the oracle -----------------------------------------------------------------------------
-def oracle_proposer(reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
-                    block_size: int, vocab: int, seed: int = 0,
-                    draft_forward: Callable[[int, int], mx.array] | None = None) -> Proposer:
+class Oracle:
     """Proposals that match `reference` (the target's greedy output) for a drawn number of
     tokens, then one wrong token. Accept counts ~ Binomial(B-1, p) with p chosen so the
-    mean is tokens_per_cycle - 1 (capped by the cycle's size). `draft_forward` runs the
-    real draft so its cost is timed; its output is discarded."""
-    rng = random.Random(seed)
-    p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+    mean is tokens_per_cycle - 1 (capped by the cycle's size)."""
 
-    def proposer(staged: int, size: int, position: int) -> mx.array:
-        if draft_forward is not None:
-            mx.eval(draft_forward(staged, size))
-        emitted = position - prompt_len + 1  # staged is reference[emitted - 1]
-        a = min(sum(rng.random() < p for _ in range(block_size - 1)), size - 1)
-        drafted = list(reference[emitted:emitted + size - 1])
+    def __init__(self, reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
+                 block_size: int, vocab: int, seed: int = 0) -> None:
+        self.reference, self.prompt_len = reference, prompt_len
+        self.block_size, self.vocab = block_size, vocab
+        self.rng = random.Random(seed)
+        self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+
+    def __call__(self, staged: int, size: int, position: int) -> list[int]:
+        """-> the verify input: `staged`, then up to size - 1 drafted tokens."""
+        emitted = position - self.prompt_len + 1  # staged is reference[emitted - 1]
+        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        drafted = list(self.reference[emitted:emitted + size - 1])
         if a < size - 1:
-            drafted[a] = (drafted[a] + 1) % vocab  # the target's argmax differs here
-        return mx.array([[staged] + drafted])
+            drafted[a] = (drafted[a] + 1) % self.vocab  # the target's argmax differs here
+        return [staged] + drafted
 
-    return proposer
+
+class OracleProposer(DraftProposer):
+    """The oracle's tokens in place of the draft's. With `draft_cost`, the real draft forward
+    still runs every cycle (its output is discarded) so its cost is timed."""
+
+    def __init__(self, target: TargetAdapter, draft: DFlashDraft, oracle: Oracle,
+                 draft_cost: bool = True) -> None:
+        super().__init__(target, draft)
+        self.oracle, self.draft_cost = oracle, draft_cost
+
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
+        if self.draft_cost:
+            mx.eval(super().propose(staged, size, position))
+        return mx.array([self.oracle(staged, size, position)])
 
 
 class TimedTarget:
@@ -167,21 +181,16 @@ def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
     """speculative_decode (the engine's own loop) with the oracle proposer
     -> (the timed side, its cycle summary)."""
     timed = TimedTarget(target)
-    draft_cache = draft.make_cache()
-    forward = None
-    if draft_cost:
-        def forward(staged: int, size: int) -> mx.array:
-            return propose(target, draft, draft_cache, staged, size)
-    proposer = oracle_proposer(reference, len(prompt), tokens_per_cycle, block_size,
-                               target.vocab_size, seed, forward)
+    oracle = Oracle(reference, len(prompt), tokens_per_cycle, block_size, target.vocab_size,
+                    seed)
+    proposer = OracleProposer(target, draft, oracle, draft_cost)
     tokens: list[int] = []
     cycles, walls = [], []
     mx.reset_peak_memory()
     start = time.perf_counter()
     first = last = None
-    for commit in speculative_decode(timed, draft, prompt, max_tokens, block_size,
-                                     PREFILL_CHUNK, draft_cache=draft_cache,
-                                     proposer=proposer):
+    for commit in speculative_decode(timed, proposer, prompt, max_tokens, block_size,
+                                     PREFILL_CHUNK):
         now = time.perf_counter()
         tokens.extend(commit.tokens)
         if commit.cycle is not None:
@@ -271,11 +280,12 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                   draft_overrides: dict | None = None, dtype: str | None = None,
                   ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
                   block_size: int = 16, iters: int = 10, seed: int = 0,
-                  kernels: str = "auto", draft_cost: bool = True, warmup: bool = True) -> dict:
-    from ..kernels import current_backend
+                  kernels: str | None = None, draft_cost: bool = True, warmup: bool = True
+                  ) -> dict:
+    from ..device import current
     from ..targets import adapter_for
 
-    backend = current_backend()
+    backend = current()
     dtype = dtype or ("float32" if backend == "cpu" else "bfloat16")
     built = time.perf_counter()
     model = build_target(name, layers, overrides, dtype, seed)
@@ -389,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: bfloat16 on a GPU, float32 on the CPU")
     p.add_argument("--iters", type=int, default=10, help="forward-timing iterations")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kernels", choices=["auto", "portable"], default="auto")
+    p.add_argument("--kernels", choices=["auto", "portable", "native"],
+                   help="GatedDeltaNet kernels (default: $DFLASH_KERNELS or auto)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="target config field (JSON value), e.g. hidden_size=64")
     p.add_argument("--draft-override", action="append", default=[], metavar="KEY=VALUE")

@@ -330,6 +330,3 @@ def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     """The state after the first `keep` verify steps, from the state before the verify."""
     return run_replay(_kernels()[1], state, tape, keep)
 
-
-def available() -> bool:
-    return hasattr(mx, "cuda") and mx.cuda.is_available()

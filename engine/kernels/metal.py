@@ -191,6 +191,3 @@ def gated_delta_verify(
 def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     return run_replay(_kernels()[1], state, tape, keep)
 
-
-def available() -> bool:
-    return mx.metal.is_available()
