@@ -17,6 +17,10 @@ import mlx.core as mx
 
 from .targets.base import TargetAdapter
 
+# Optional, next to a draft's weights: token ids ranked by how often the target writes them
+# (dflash train-draft writes it, loading reads it). The draft then proposes from the top ones.
+RANKING_FILE = "token_ranking.json"
+
 
 @dataclass
 class DraftHead:
