@@ -1,5 +1,6 @@
-"""The engine's layout holds: the core never loads tooling (training, benchmarks) or the UI,
-and engine modules import each other one way (no cycle)."""
+"""The repository's layout holds: the engine core never loads tooling (training, benchmarks)
+or the UI, engine modules import each other one way (no cycle), and every measurement under
+benchmarks/ names the command that made it."""
 
 from __future__ import annotations
 
@@ -116,3 +117,21 @@ def test_engine_modules_import_one_way():
              - parents(name) - {name, "engine"}
              for name, path in modules.items() if name != "engine"}
     assert find_cycle(graph) is None, find_cycle(graph)
+
+
+def test_every_benchmark_file_names_its_command():
+    """Measurements are reproducible: each file under benchmarks/ carries its command line
+    (`command`, or `script` for the kernel checks) or benchmarks/README.md names it, and none
+    carries hand-written keys the tools never write."""
+    bench = ENGINE.parent / "benchmarks"
+    readme = (bench / "README.md").read_text()
+    for path in sorted(p for p in bench.rglob("*") if p.is_file() and p.name != "README.md"):
+        rel = path.relative_to(bench).as_posix()
+        named = rel in readme or (path.name.startswith("train-smollm2")
+                                  and "train-smollm2" in readme)
+        if path.suffix == ".json":
+            report = json.loads(path.read_text())
+            assert not {"annotation", "warmed_kernels"} & set(report), rel
+            assert named or "command" in report or "script" in report, rel
+        else:
+            assert named, rel
