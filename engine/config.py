@@ -100,6 +100,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "float32, the fast one on CPU)")
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The per-call sampling flags (`generate(..., temperature=, top_p=, top_k=, min_p=,
+    seed=)`); checked by engine.sampling.SamplingParams."""
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy, exact; above 0: sample, with the target's own "
+                        "distribution kept by speculative sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens under this fraction of the top one's probability (0: off)")
+    p.add_argument("--seed", type=int, default=None, help="repeatable sampling")
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """add_sampling_args' flags as generate() keyword arguments."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+            "min_p": args.min_p, "seed": args.seed}
+
+
 def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
     """DFlashConfig from add_engine_args' flags (plus `more` fields); raises ConfigError."""
     return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,

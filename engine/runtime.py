@@ -18,6 +18,7 @@ from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .loading import Progress, load_draft, load_target
 from .registry import DEFAULT_TARGET
+from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
 from .targets.base import TargetAdapter
 
@@ -107,14 +108,20 @@ class DFlashRuntime:
     # -- generation --------------------------------------------------------------------
     def stream_generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
                         speculative: bool = True, chat_template_args: dict | None = None,
-                        block_size: int | None = None, profile: bool = False
+                        block_size: int | None = None, profile: bool = False,
+                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                        min_p: float = 0.0, seed: int | None = None
                         ) -> Iterator[Span | Finished]:
         """Yields a Span per committed group of tokens, then one Finished.
         `block_size` overrides the runtime's for this call (2..16). `profile` evaluates each
         cycle phase on its own, so the cycle stats hold device times per phase (a few more
-        syncs per cycle; benchmarks use it)."""
+        syncs per cycle; benchmarks use it). `temperature` 0 (the default) is greedy and
+        exact; above 0 the reply is sampled (after top_k, top_p and min_p filters) with the
+        target's own distribution kept by speculative sampling; `seed` makes it repeatable."""
         if max_tokens < 1:
             raise PromptError(f"max_tokens={max_tokens}: ask for at least 1 token.")
+        params = SamplingParams(temperature, top_p, top_k, min_p, seed)
+        sampler = None if params.greedy else Sampler(params)
         block_size = block_size or self.block_size
         if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
             raise ConfigError(
@@ -130,18 +137,20 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
-            commits = self._speculative(ids, max_tokens, block_size, profile)
+            commits = self._speculative(ids, max_tokens, block_size, profile, sampler)
         else:
-            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
+            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk,
+                                   sampler)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
 
-    def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool
-                     ) -> Iterator[Commit]:
+    def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
+                     sampler: Sampler | None) -> Iterator[Commit]:
         # The request's draft head is built on the first next(), so the timings (ttft) count it.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         proposer = DraftProposer(self.target, self.draft, head, self.min_confidence)
         yield from speculative_decode(self.target, proposer, ids, max_tokens, block_size,
-                                      self.config.prefill_chunk, sync_phases=profile)
+                                      self.config.prefill_chunk, sync_phases=profile,
+                                      sampler=sampler)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
                use_draft: bool, fallback: str | None, block_size: int
@@ -212,9 +221,13 @@ class DFlashRuntime:
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
                  speculative: bool = True, chat_template_args: dict | None = None,
-                 block_size: int | None = None, profile: bool = False) -> GenerationResult:
+                 block_size: int | None = None, profile: bool = False,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 min_p: float = 0.0, seed: int | None = None) -> GenerationResult:
+        """stream_generate, collected: the Finished event's result."""
         for event in self.stream_generate(prompt, max_tokens, no_eos, speculative,
-                                          chat_template_args, block_size, profile):
+                                          chat_template_args, block_size, profile,
+                                          temperature, top_p, top_k, min_p, seed):
             if isinstance(event, Finished):
                 return event.result
         raise RuntimeError("stream ended without a result")  # pragma: no cover
