@@ -66,6 +66,23 @@ def test_run_benchmark_python_api_with_eos_and_repeats(tiny_pairs):
     assert len(report["runs"][0]["repeats"]) == 2
 
 
+def test_sampled_benchmark_reports_speed_without_a_token_match(tiny_pairs, tmp_path, capsys):
+    target, draft = tiny_pairs("llama")
+    out = tmp_path / "sampled.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                         "--max-tokens", "12", "--no-eos", "--temperature", "0.7",
+                         "--seed", "1", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["greedy"] is False
+    assert report["settings"]["sampling"]["temperature"] == 0.7
+    assert report["summary"]["token_match"] is None and report["runs"][0]["token_match"] is None
+    assert report["baseline_function"].endswith("make_sampler")
+    assert report["runs"][0]["dflash"]["generated_tokens"] == 12
+    assert benchmark_main(["--prompt", "Hi", "--temperature", "-0.5"]) == 2
+    assert "temperature=-0.5 is invalid" in capsys.readouterr().err
+
+
 def test_token_mismatch_exits_1(tiny_pairs, prompt_file, tmp_path, monkeypatch, capsys):
     target, draft = tiny_pairs("llama")
     real = bench.run_dflash

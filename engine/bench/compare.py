@@ -1,7 +1,11 @@
-"""`dflash benchmark`: plain mlx-lm greedy decoding vs DFlash on the same loaded target.
+"""`dflash benchmark`: plain mlx-lm decoding vs DFlash on the same loaded target.
 
-Both sides get the same chat-templated token ids, run in one process, greedy. Every DFlash
-output must equal the baseline's token for token; a mismatch is a correctness bug (exit 1).
+Both sides get the same chat-templated token ids and run in one process. Greedy (the
+default): every DFlash output must equal the baseline's token for token; a mismatch is a
+correctness bug (exit 1). With --temperature > 0 both sides sample (mlx-lm's make_sampler,
+DFlash's speculative sampling, same settings and seed): outputs differ by design, so the
+report has speed and acceptance, and token_match is null (tests/test_sampling.py checks
+that the distribution is the target's).
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..config import add_engine_args, config_from_args
+from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from ..errors import DFlashError
 from .environment import environment
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
@@ -27,17 +32,40 @@ from .timing import Side, baseline_function, first_mismatch, run_baseline
 WARMUP_TOKENS = 8
 
 
+@dataclass
+class Options:
+    """How each side generates: the same for every prompt and repeat."""
+
+    max_tokens: int = 256
+    no_eos: bool = False
+    profile: bool = False  # DFlash: device time per cycle phase
+    sampling: dict[str, Any] = field(default_factory=dict)  # generate() keywords; {}: greedy
+
+    @property
+    def greedy(self) -> bool:
+        return not self.sampling.get("temperature")
+
+
 # -- timed generations --------------------------------------------------------------------
-def baseline(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> Side:
+def baseline(rt: Any, ids: list[int], opts: Options) -> Side:
     """The mlx-lm side on the runtime's own model (stream_generate, or generate_step with
-    --no-eos: stream_generate always stops at EOS)."""
-    return run_baseline(rt.model, ids, max_tokens, rt.config.prefill_chunk,
-                        None if no_eos else rt.tokenizer)
+    --no-eos: stream_generate always stops at EOS), sampling like DFlash when asked."""
+    sampler = None
+    if not opts.greedy:
+        import mlx.core as mx
+        from mlx_lm.sample_utils import make_sampler
+
+        s = opts.sampling
+        sampler = make_sampler(s["temperature"], top_p=s["top_p"] if s["top_p"] < 1 else 0.0,
+                               min_p=s["min_p"], top_k=s["top_k"])
+        mx.random.seed(s["seed"] or 0)  # mlx-lm draws from MLX's global generator
+    return run_baseline(rt.model, ids, opts.max_tokens, rt.config.prefill_chunk,
+                        None if opts.no_eos else rt.tokenizer, sampler)
 
 
-def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool, profile: bool = False
-               ) -> tuple[Side, Any]:
-    result = rt.generate(ids, max_tokens=max_tokens, no_eos=no_eos, profile=profile)
+def run_dflash(rt: Any, ids: list[int], opts: Options) -> tuple[Side, Any]:
+    result = rt.generate(ids, max_tokens=opts.max_tokens, no_eos=opts.no_eos,
+                         profile=opts.profile, **opts.sampling)
     side = Side(result.tokens, result.elapsed_s, result.prefill_s, result.peak_memory_bytes,
                 result.finish_reason)
     return side, result
@@ -45,7 +73,7 @@ def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool, profile: 
 
 # -- one prompt ---------------------------------------------------------------------------
 def median_side(sides: list[Side]) -> dict:
-    """Medians over repeats (tokens are the same every repeat: greedy)."""
+    """Medians over repeats (tokens are the same every repeat: greedy, or one seed)."""
     med = statistics.median
     return {
         "generated_tokens": len(sides[0].tokens),
@@ -79,17 +107,17 @@ def cycle_json(results: list[Any]) -> dict:
     }
 
 
-def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_eos: bool,
-                 pause: Callable[[], None], profile: bool = False) -> dict:
+def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
+                 pause: Callable[[], None]) -> dict:
     ids = encode(rt, prompt)
     bases: list[Side] = []
     flashes: list[Side] = []
     results = []
     for _ in range(repeat):
         pause()
-        bases.append(baseline(rt, ids, max_tokens, no_eos))
+        bases.append(baseline(rt, ids, opts))
         pause()
-        side, result = run_dflash(rt, ids, max_tokens, no_eos, profile)
+        side, result = run_dflash(rt, ids, opts)
         flashes.append(side)
         results.append(result)
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
@@ -104,8 +132,8 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_
         "dflash": flash,
         "speedup": (flash["tokens_per_second"] / base["tokens_per_second"]
                     if base["tokens_per_second"] > 0 else None),
-        "token_match": all(m is None for m in mismatches),
-        "first_mismatch": bad,
+        "token_match": all(m is None for m in mismatches) if opts.greedy else None,
+        "first_mismatch": bad if opts.greedy else None,
         "repeat4_share": repeated_ngram_share(flashes[0].tokens),
         "repeats": [{"baseline_tokens_per_second": b.tokens_per_second,
                      "dflash_tokens_per_second": f.tokens_per_second}
@@ -129,7 +157,8 @@ def summarize(runs: list[dict]) -> dict:
     base = [r["baseline"] for r in runs]
     return {
         "runs": len(runs),
-        "token_match": all(r["token_match"] for r in runs),
+        "token_match": (None if any(r["token_match"] is None for r in runs)
+                        else all(r["token_match"] for r in runs)),
         "speedup_median": _median([r["speedup"] for r in runs]),
         "speedup_mean": _mean([r["speedup"] for r in runs]),
         "speedup_basis": "end-to-end tok/s (prefill included), DFlash / baseline",
@@ -148,21 +177,24 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def warm_up(rt: Any, prompt: BenchPrompt | str, max_tokens: int, no_eos: bool) -> None:
+def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
     """One short generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
-    n = min(WARMUP_TOKENS, max_tokens)
-    baseline(rt, ids, n, no_eos)
-    run_dflash(rt, ids, n, no_eos)
+    short = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
+                    opts.sampling)
+    baseline(rt, ids, short)
+    run_dflash(rt, ids, short)
 
 
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,
                   repeat: int = 1, cooldown: float = 0.0, no_eos: bool = False,
                   warmup: bool = True, prompt_format: str = PROMPT_FORMATS["text"],
                   progress: Callable[[int, int, BenchPrompt], None] | None = None,
-                  profile: bool = False) -> dict:
+                  profile: bool = False, sampling: dict[str, Any] | None = None) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
+    `sampling`: generate() keywords (temperature, top_p, top_k, min_p, seed); None: greedy.
     Returns the report dict that --json writes (without the command line)."""
+    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}))
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
              for i, p in enumerate(prompts)]
     timed = [0]
@@ -174,12 +206,12 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if warmup and items:
-        warm_up(rt, items[0], max_tokens, no_eos)
+        warm_up(rt, items[0], opts)
     runs = []
     for i, prompt in enumerate(items):
         if progress is not None:
             progress(i, len(items), prompt)
-        runs.append(bench_prompt(rt, prompt, max_tokens, repeat, no_eos, pause, profile))
+        runs.append(bench_prompt(rt, prompt, opts, repeat, pause))
     desc = rt.describe()
     return {
         "timestamp": started,
@@ -188,13 +220,15 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         "dtype": desc["dtype"],
         "model": desc,
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
-                     "no_eos": no_eos, "warmup": warmup, "greedy": True,
+                     "no_eos": no_eos, "warmup": warmup, "greedy": opts.greedy,
+                     "sampling": None if opts.greedy else opts.sampling,
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": profile,
                      "min_draft_confidence": rt.min_confidence,
                      "draft_vocab": rt.draft_vocab},
-        "baseline_function": baseline_function(no_eos),
+        "baseline_function": baseline_function(no_eos)
+        + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
         "prompt_format": prompt_format,
         "definitions": definitions(),
         "runs": runs,
@@ -210,7 +244,8 @@ def definitions() -> dict:
         "acceptance_rate": "1 - cycles / generated tokens (dflash-mlx's definition)",
         "tokens_per_cycle": "tokens committed by the cycles / cycles (prefill token excluded)",
         "token_match": "DFlash tokens == baseline tokens (up to EOS, or all max_tokens with "
-                       "no_eos), on every repeat",
+                       "no_eos), on every repeat; null when sampling (settings.sampling): "
+                       "sampled outputs differ by design",
         "cycle_profile": "seconds summed over cycles by phase (median over repeats); "
                          "cycle_profile_per_cycle divides by cycles. With settings.sync_phases "
                          "(--profile) each phase is evaluated on its own (device time); "
@@ -224,6 +259,10 @@ def definitions() -> dict:
 
 
 # -- terminal + CLI -----------------------------------------------------------------------
+def _match(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "[red]NO[/red]"
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -249,7 +288,7 @@ def print_report(report: dict, console: Any = None) -> None:
             _fmt(f["acceptance_rate"], ".2f"), _fmt(f["tokens_per_cycle"], ".2f"),
             _fmt(f["tokens_per_cycle_nonloop"], ".2f"), _fmt(r["repeat4_share"], ".2f"),
             _fmt(f["prefill_s"] * 1000), _fmt(f["peak_memory_bytes"] / 2**20),
-            "yes" if r["token_match"] else "[red]NO[/red]",
+            _match(r["token_match"]),
         )
     s = report["summary"]
     table.add_section()
@@ -259,7 +298,7 @@ def print_report(report: dict, console: Any = None) -> None:
         _fmt(s["acceptance_rate_mean"], ".2f"), _fmt(s["tokens_per_cycle_mean"], ".2f"),
         _fmt(s["tokens_per_cycle_nonloop_mean"], ".2f"), _fmt(s["repeat4_share_mean"], ".2f"),
         "", _fmt(s["peak_memory_bytes_max"] / 2**20),
-        "yes" if s["token_match"] else "[red]NO[/red]", style="bold",
+        _match(s["token_match"]), style="bold",
     )
     console.print(table)
     console.print("tok/s: medians, prefill included; speed-up: median of end-to-end ratios; "
@@ -284,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds between runs")
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     add_engine_args(p)
+    add_sampling_args(p)
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -299,6 +339,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise BenchError(f"--{name.replace('_', '-')}={value}: use at least {low}.")
     if args.cooldown < 0:
         raise BenchError(f"--cooldown={args.cooldown}: use 0 or more seconds.")
+    from ..sampling import SamplingParams
+
+    SamplingParams(**sampling_from_args(args))  # a bad sampling flag: ConfigError
 
 
 def benchmark_main(argv: list[str] | None = None) -> int:
@@ -330,7 +373,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
             err.print(f"[dim]prompt {i + 1}/{n}: {prompt.id}[/dim]")
 
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
-                               args.no_eos, not args.no_warmup, fmt, progress, args.profile)
+                               args.no_eos, not args.no_warmup, fmt, progress, args.profile,
+                               sampling_from_args(args))
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2
@@ -342,7 +386,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {path}")
-    if not report["summary"]["token_match"]:
+    if report["summary"]["token_match"] is False:
         bad = [r["prompt_id"] for r in report["runs"] if not r["token_match"]]
         err.print(f"[red]error:[/red] DFlash output differs from the baseline on {bad}: "
                   "lossless decoding is broken (a correctness bug).")

@@ -47,8 +47,9 @@ def baseline_function(no_eos: bool) -> str:
 
 
 def run_baseline(model: Any, ids: list[int], max_tokens: int, prefill_step: int,
-                 tokenizer: Any = None) -> Side:
-    """Plain mlx-lm greedy decoding, the reference DFlash must equal token for token.
+                 tokenizer: Any = None, sampler: Any = None) -> Side:
+    """Plain mlx-lm decoding: greedy (the reference DFlash must equal token for token), or
+    with an mlx-lm `sampler` (make_sampler) at temperature > 0.
 
     With a tokenizer: mlx_lm.stream_generate, which stops at EOS. Without one (--no-eos, or
     a synthetic model that has no tokenizer): generate_step, what stream_generate wraps, for
@@ -63,12 +64,12 @@ def run_baseline(model: Any, ids: list[int], max_tokens: int, prefill_step: int,
     start = time.perf_counter()
     if tokenizer is None:
         for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens,
-                                      prefill_step_size=prefill_step):
+                                      prefill_step_size=prefill_step, sampler=sampler):
             first = first or time.perf_counter()
             tokens.append(int(token))
     else:
         for resp in stream_generate(model, tokenizer, mx.array(ids), max_tokens,
-                                    prefill_step_size=prefill_step):
+                                    prefill_step_size=prefill_step, sampler=sampler):
             first = first or time.perf_counter()
             if resp.finish_reason == "stop":  # the EOS token itself is not output
                 finish = "stop"
