@@ -80,9 +80,9 @@ class GatedDeltaAdapter(TargetAdapter):
 
     # -- verify / rollback -------------------------------------------------------------
     def warm_up(self) -> None:
-        """JIT-compile native kernels now: a compile takes seconds (2 s per kernel measured
-        on the H200), which would otherwise stall the first rejected draft of the first
-        reply. A 2-token verify and a 1-token rollback on a scratch cache reach both."""
+        """JIT-compile native kernels now: a compile takes seconds (the README's kernel notes),
+        which would otherwise stall the first rejected draft of the first reply. A 2-token
+        verify and a 1-token rollback on a scratch cache reach both kernels."""
         if self.kernels.name == "portable":
             return
         cache = self.make_cache()
