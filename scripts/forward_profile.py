@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -81,6 +82,7 @@ def main() -> int:
               f"{row['eval_ms']:.2f} ms, total {row['total_ms']:.2f} ms")
     print(f"T16 / T1: {result['t16_over_t1']:.2f}")
     if args.json:
+        result = {"command": shlex.join(sys.argv), **result}
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -74,6 +75,7 @@ def main() -> int:
            "runs": [probe(args.model, args.layers, args.dtype, args.ctx, args.iters, k)
                     for k in ("auto", "portable")]}
     if args.json:
+        out = {"command": shlex.join(sys.argv), **out}
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
