@@ -2,8 +2,8 @@
 
 Same layout as `cuda` (one threadgroup per (batch, value head), 32 x NW threads, simdgroup
 w owns value rows w, w + NW, ..., lane l owns key columns l, l + 32, ...), same launch
-`Plan`. Unproven: it has never run on a Mac, so it registers only with
-DFLASH_METAL_KERNELS=1. The state update uses explicit `fma` in both kernels so replay
+`Plan`. Unproven: it has never run on a Mac, so only the "native" kernels mode
+(DFLASH_KERNELS=native) picks it. The state update uses explicit `fma` in both kernels so replay
 reproduces the verify's states bitwise.
 """
 
