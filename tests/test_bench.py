@@ -161,3 +161,6 @@ def test_packaged_suites_carry_their_licences():
         assert (PACKAGED_SUITES / name).is_file() and name in notice
     assert "MIT License" in notice and "Copyright (c) 2021 OpenAI" in notice
     assert "Apache License" in (PACKAGED_SUITES / "LICENSE-Apache-2.0.txt").read_text()
+    # ...and an installed copy has them: the package data names the folder.
+    pyproject = (PACKAGED_SUITES.parents[3] / "pyproject.toml").read_text()
+    assert '"bench/data/suites/*"' in pyproject
