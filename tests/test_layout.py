@@ -135,3 +135,13 @@ def test_every_benchmark_file_names_its_command():
             assert named or "command" in report or "script" in report, rel
         else:
             assert named, rel
+
+
+def test_ui_facing_modules_load_no_mlx():
+    """What a UI may import on its main thread: settings, events, errors, the registry."""
+    light = ["engine", "engine.config", "engine.events", "engine.errors", "engine.registry"]
+    code = (f"import importlib, json, sys\nfor m in {light!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ENGINE.parent, check=True)
+    assert [m for m in json.loads(run.stdout) if is_under(m, ("mlx", "mlx_lm"))] == []
