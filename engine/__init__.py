@@ -1,7 +1,8 @@
 """DFlash speculative decoding on MLX: a block-diffusion draft proposes, the target verifies.
 
-`engine.events`, `engine.errors` and `engine.registry` load no MLX, so a UI can import them
-freely; the runtime (and MLX) loads on first use of `DFlashRuntime` / `DFlashConfig`.
+`engine.config`, `engine.events`, `engine.errors` and `engine.registry` load no MLX, so a UI
+can import them freely (tests/test_layout.py holds it); the runtime (and MLX) loads on first
+use of `DFlashRuntime`.
 """
 
 from __future__ import annotations

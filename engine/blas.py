@@ -42,13 +42,9 @@ def should_reexec(env: Mapping[str, str], platform: str, found: str | None) -> b
 
 def gpu_backend() -> bool:
     """True when MLX will run on a GPU (CUDA or Metal): then BLAS does not matter."""
-    import mlx.core as mx
+    from .device import gpu_present  # the engine's one backend probe (imports MLX)
 
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return True
-    metal = getattr(mx, "metal", None)
-    return bool(metal is not None and metal.is_available())
+    return gpu_present()
 
 
 def ensure_fast_blas(argv: list[str]) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import add_engine_args, config_from_args
+from .config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from .errors import DFlashError
 
 
@@ -33,7 +33,9 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     add_engine_args(p)
     p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
-    p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
+    p.add_argument("--no-speculative", action="store_true",
+                   help="decode with the target alone (same output when greedy)")
+    add_sampling_args(p)
     p.add_argument("--chat-template-args", type=_json_arg, default=None,
                    help="JSON object passed to the chat template")
 
@@ -43,9 +45,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from .events import Finished
     from .runtime import DFlashRuntime
+    from .sampling import SamplingParams
 
     err = Console(stderr=True)
     config = config_from_args(args)
+    SamplingParams(**sampling_from_args(args))  # a bad flag fails before the models load
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,
@@ -59,7 +63,8 @@ def run_generate(args: argparse.Namespace) -> int:
     result = None
     for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
                                     speculative=not args.no_speculative,
-                                    chat_template_args=args.chat_template_args):
+                                    chat_template_args=args.chat_template_args,
+                                    **sampling_from_args(args)):
         if isinstance(event, Finished):
             result = event.result
         else:
@@ -111,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     if argv and argv[0] == "benchmark":
         if "--synthetic" in argv:
-            from .synthetic import synthetic_main
+            from .bench.synthetic import synthetic_main
 
             return synthetic_main(argv[1:])
-        from .bench import benchmark_main
+        from .bench.compare import benchmark_main
 
         return benchmark_main(argv[1:])
     if argv and argv[0] == "train-draft":

@@ -12,14 +12,12 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from .draft import DFlashDraft, DraftArgs
+from .draft_head import RANKING_FILE
 from .errors import DraftCheckpointError, ModelNotAvailable, PairingError, UnsupportedModel
 from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, supported_pairs_text
 from .targets.base import TargetAdapter
 
 Progress = Callable[[str, "float | None"], None]
-# Optional, next to a draft's weights: token ids ranked by how often the target writes them
-# (dflash train-draft writes it). The draft then proposes from the top ones (DraftHead).
-RANKING_FILE = "token_ranking.json"
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
                 "*.jinja"]
 

@@ -7,13 +7,13 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_pairs import make_tiny_pair
 
 from engine.cycle import propose
 from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
-from engine.testing import make_tiny_pair
 from engine.train.dataset import Dataset, token_ranking, write_token_ranking
 from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
 from engine.train.objective import (
