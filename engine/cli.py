@@ -98,9 +98,6 @@ def run_models(_args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .blas import ensure_fast_blas
-
-    ensure_fast_blas(argv)
     parser = argparse.ArgumentParser(prog="dflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
