@@ -1,4 +1,4 @@
-"""`dflash generate | models | benchmark | train-draft`."""
+"""`dflash generate | models | doctor | benchmark | train-draft`."""
 
 from __future__ import annotations
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     sub.add_parser("models", help="list the registered model pairs and what is cached")
+    sub.add_parser("doctor", help="check this machine: BLAS, GPU kernels, cache, offline "
+                   "pair, a self-check (--json)", add_help=False)
     sub.add_parser("benchmark", help="DFlash vs mlx_lm in one process (see --help)",
                    add_help=False)
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
@@ -114,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import benchmark_main
 
         return benchmark_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from .doctor import doctor_main
+
+        return doctor_main(argv[1:])
     if argv and argv[0] == "train-draft":
         from .train import train_draft_main
 
