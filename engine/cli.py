@@ -49,7 +49,8 @@ def run_generate(args: argparse.Namespace) -> int:
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,
-            progress=lambda message, _fraction: status.update(message),
+            progress=lambda message, fraction: status.update(
+                message if fraction is None else f"{message}: {fraction:.0%}"),
         )
     if args.raw:
         prompt = args.prompt
