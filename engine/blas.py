@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import cache_root, intact, stamp_path, write_stamp
+from .cache import CACHE_ENV, cache_root, intact, write_stamp
 
 ENV = "DFLASH_BLAS"
 PREFIX = "scipy_"
@@ -81,8 +81,10 @@ def _load(choice: str) -> BlasStatus:
             "from LD_PRELOAD."))
     if choice == "off":
         return BlasStatus(REFERENCE, "off")
-    if "mlx.core" in sys.modules:
-        return BlasStatus(REFERENCE, REFERENCE, (
+    if "mlx.core" in sys.modules:  # too late: MLX bound its BLAS symbols when imported
+        cuda = getattr(sys.modules["mlx.core"], "cuda", None)
+        on_gpu = cuda is not None and cuda.is_available()  # then CPU matmuls are rare
+        return BlasStatus(REFERENCE, REFERENCE, None if on_gpu else (
             f"mlx.core was imported before engine, so {SLOW}. Fix: import engine first."))
     try:
         if choice != "auto":
@@ -97,6 +99,9 @@ def _load(choice: str) -> BlasStatus:
                 shutil.rmtree(path.parent, ignore_errors=True)
     except BlasError as exc:
         return BlasStatus(REFERENCE, REFERENCE, f"{exc}; {SLOW}")
+    except OSError as exc:  # no folder at all to prepare the library in
+        return BlasStatus(REFERENCE, REFERENCE, f"cannot prepare the BLAS ({exc}). Fix: set "
+                          f"{CACHE_ENV} to a writable folder; {SLOW}")
     return BlasStatus(str(library), source, note)
 
 
@@ -191,10 +196,7 @@ def renamed_copy(source: Path, folder: Path | None = None) -> Path:
     finally:
         part.unlink(missing_ok=True)
         names.unlink(missing_ok=True)
-    for old in folder.glob("libdflash_openblas-*.so"):  # copies of earlier installs
-        if old != dest:
-            old.unlink(missing_ok=True)
-            stamp_path(old).unlink(missing_ok=True)
+    # Copies for other installs stay: another environment may share this cache.
     return dest
 
 
