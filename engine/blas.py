@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import CACHE_ENV, cache_root, intact, write_stamp
+from .cache import CACHE_ENV, cache_root, intact, part_path, remove_dead_parts, write_stamp
 
 ENV = "DFLASH_BLAS"
 PREFIX = "scipy_"
@@ -176,7 +176,8 @@ def renamed_copy(source: Path, folder: Path | None = None) -> Path:
         return dest
     patchelf = _patchelf()
     folder.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+    remove_dead_parts(dest)
+    part = part_path(dest)
     names = part.with_name(part.name + ".map")
     try:
         shutil.copyfile(source, part)

@@ -79,3 +79,28 @@ def intact(path: Path, size: int | None = None, sha256: str | None = None,
         return not full or sha256_file(path) == sha256
     except OSError:
         return False
+
+
+def part_path(path: Path) -> Path:
+    """Where this process writes `path` before renaming it into place: per process, so two
+    first starts at once never write into each other's file."""
+    return path.with_name(f"{path.name}.{os.getpid()}.part")
+
+
+def remove_dead_parts(path: Path) -> None:
+    """Half-written files for `path` left by processes that were killed (kill -9 skips every
+    cleanup); those of live processes stay."""
+    for part in path.parent.glob(f"{path.name}.*.part*"):
+        pid = part.name[len(path.name) + 1:].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process
+    return True

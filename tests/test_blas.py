@@ -163,3 +163,15 @@ def test_exported_symbols_reads_the_renamed_library(tmp_path):
     (tmp_path / "x.so").write_bytes(b"not elf")
     with pytest.raises(ValueError, match="not a 64-bit little-endian ELF"):
         blas.exported_symbols(tmp_path / "x.so")
+
+
+def test_partial_copy_of_a_killed_start_is_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    library = Path(run(SHOW, tmp_path)[0].split("|")[1])
+    library.unlink()  # as if the first start had been killed while renaming
+    leftover = library.with_name(f"{library.name}.{dead}.part")
+    leftover.write_bytes(b"\x7fELF half")
+    out, errors, bound = run(SHOW, tmp_path)
+    assert out == f"pypi|{library}" and errors == "" and os.path.samefile(bound, library)
+    assert not leftover.exists()
