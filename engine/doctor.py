@@ -252,7 +252,7 @@ def render(report: dict[str, Any]) -> str:
                      f"speed-up {s['speedup']:.2f}x ({s['tokens_per_second']:.1f} vs "
                      f"{s['plain_tokens_per_second']:.1f} tok/s)")
     else:
-        lines.append(f"self-check   {'skipped' if s['passed'] is None else 'FAILED'}: "
+        lines.append(f"self-check   {'not run' if 'skipped' in s else 'FAILED'}: "
                      f"{s.get('skipped') or s.get('error')}")
     lines += [f"problem: {problem}" for problem in report["problems"]]
     lines.append("all good" if report["ok"] else f"{len(report['problems'])} problem(s) found")

