@@ -1,4 +1,4 @@
-"""`dflash generate | models | benchmark | train-draft`."""
+"""`dflash generate | models | doctor | benchmark | train-draft`."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def run_generate(args: argparse.Namespace) -> int:
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,
-            progress=lambda message, _fraction: status.update(message),
+            progress=lambda message, fraction: status.update(
+                message if fraction is None else f"{message}: {fraction:.0%}"),
         )
     if args.raw:
         prompt = args.prompt
@@ -103,13 +104,12 @@ def run_models(_args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .blas import ensure_fast_blas
-
-    ensure_fast_blas(argv)
     parser = argparse.ArgumentParser(prog="dflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     sub.add_parser("models", help="list the registered model pairs and what is cached")
+    sub.add_parser("doctor", help="check this machine: BLAS, GPU kernels, cache, offline "
+                   "pair, a self-check (--json)", add_help=False)
     sub.add_parser("benchmark", help="DFlash vs mlx_lm in one process (see --help)",
                    add_help=False)
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
@@ -122,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.compare import benchmark_main
 
         return benchmark_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from .doctor import doctor_main
+
+        return doctor_main(argv[1:])
     if argv and argv[0] == "train-draft":
         from .train import train_draft_main
 

@@ -8,7 +8,6 @@ import pytest
 
 # Tests never touch the network or the user's real data.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("DFLASH_NO_BLAS_REEXEC", "1")
 
 
 @pytest.fixture(scope="session")
