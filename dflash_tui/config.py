@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import tomllib
 from platformdirs import user_config_dir, user_data_dir
 
 APP_NAME = "dflash-chat"

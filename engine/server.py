@@ -449,7 +449,7 @@ class Server:
         while True:
             try:
                 item = await asyncio.wait_for(job.events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if request is not None and await request.is_disconnected():
                     job.cancelled.set()
                     return
