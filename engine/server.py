@@ -229,19 +229,34 @@ def parse_params(body: dict, default_max_tokens: int, sampling_supported: bool) 
     if n not in (None, 1):
         raise APIError(400, f"n={n}: this server returns one choice per request.", "n",
                        "invalid_value")
-    temperature = _typed(body, "temperature", (int, float), "a number")
-    top_p = _typed(body, "top_p", (int, float), "a number")
-    seed = _typed(body, "seed", (int,), "an integer")
-    sampling: dict[str, Any] = {}
-    if temperature:
-        if not sampling_supported:
-            raise APIError(400, f"temperature={temperature}: greedy decoding only (this "
-                           "engine is lossless speculative decoding of the argmax). Fix: send "
-                           "temperature 0 or leave it out.", "temperature", "unsupported_value")
-        sampling = {"temperature": float(temperature), "top_p": 1.0 if top_p is None
-                    else float(top_p), "seed": seed}
+    # top_k and min_p are not OpenAI's; mlx-lm's server takes them too.
+    sampling = {name: value for name, kinds, what in (
+        ("temperature", (int, float), "a number"), ("top_p", (int, float), "a number"),
+        ("top_k", (int,), "an integer"), ("min_p", (int, float), "a number"),
+        ("seed", (int,), "an integer"))
+        if (value := _typed(body, name, kinds, what)) is not None}
+    if not sampling_supported:
+        if sampling.get("temperature"):
+            raise APIError(400, f"temperature={sampling['temperature']}: greedy decoding only "
+                           "(this engine is lossless speculative decoding of the argmax). "
+                           "Fix: send temperature 0 or leave it out.", "temperature",
+                           "unsupported_value")
+        sampling = {}
     return Params(model or "", max_tokens, stop, stream, bool(options.get("include_usage")),
                   sampling)
+
+
+def check_sampling(sampling: dict[str, Any]) -> None:
+    """The engine's own checks of temperature, top_p, top_k, min_p and seed, as a 400."""
+    if not sampling:
+        return
+    from .sampling import SamplingParams
+
+    try:
+        SamplingParams(**sampling)
+    except DFlashError as exc:
+        name = next((k for k in sampling if str(exc).startswith(f"{k}=")), None)
+        raise APIError(400, str(exc), name, "invalid_value") from exc
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -365,6 +380,7 @@ class Server:
         body = await self.body(request)
         messages = parse_messages(body)
         params = parse_params(body, self.default_max_tokens, self.sampling_supported(rt))
+        check_sampling(params.sampling)
         self.check_model(rt, params.model)
         tools = _typed(body, "tools", (list,), "a list")
         # over the server's --chat-template-args (the runtime merges them)
@@ -392,6 +408,7 @@ class Server:
             raise APIError(400, "'prompt' must be a non-empty string or a list of token ids.",
                            "prompt", "invalid_type")
         params = parse_params(body, self.default_max_tokens, self.sampling_supported(rt))
+        check_sampling(params.sampling)
         self.check_model(rt, params.model)
         ids = await self.encode(rt, prompt, None)
         return await self.run(request, rt, ids, params, "completions", None, None)

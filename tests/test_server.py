@@ -161,8 +161,8 @@ def test_bad_requests_get_openai_errors_and_the_server_survives(served):
     assert exc.value.code == "model_not_found" and "gpt-4o" in exc.value.message
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=ref.target_id, messages=chat("hi"),
-                                       max_tokens=4, temperature=0.7)
-    assert "greedy decoding only" in exc.value.message
+                                       max_tokens=4, temperature=0.7, top_p=1.5)
+    assert exc.value.param == "top_p" and "top_p=1.5" in exc.value.message
     long = chat("The quick brown fox jumps over the lazy dog. " * 60)
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=ref.target_id, messages=long, max_tokens=4)
@@ -173,6 +173,22 @@ def test_bad_requests_get_openai_errors_and_the_server_survives(served):
     ok = client.chat.completions.create(model=ref.target_id, messages=chat("hi"),
                                         max_tokens=4, temperature=0)
     assert ok.choices[0].message.content == ref.generate(chat("hi"), max_tokens=4).text
+
+
+def test_sampling_is_passed_through_and_seeded(served):
+    running, ref = served
+    client = running.client()
+
+    def sampled(seed):
+        return client.chat.completions.create(
+            model=ref.target_id, messages=chat("Tell me a story."), max_tokens=12,
+            temperature=1.0, top_p=0.9, seed=seed).choices[0].message.content
+
+    want = ref.generate(chat("Tell me a story."), max_tokens=12, temperature=1.0, top_p=0.9,
+                        seed=7).text
+    assert sampled(7) == sampled(7) == want
+    greedy = ref.generate(chat("Tell me a story."), max_tokens=12).text
+    assert {sampled(s) for s in range(1, 5)} != {greedy}  # it does sample
 
 
 def test_sixteen_concurrent_streams_each_get_their_own_text(served):
