@@ -133,7 +133,7 @@ def main() -> int:
 
     import mlx.core as mx
 
-    from engine.kernels import current_backend
+    from engine.device import current as current_backend
     from engine.runtime import DFlashRuntime
 
     path = find_mt_bench(args.data_dir)
