@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -12,13 +13,35 @@ from textual.screen import Screen
 
 from dflash_tui import config
 from dflash_tui.backends import Backend, RealBackend
+from dflash_tui.messages import (
+    DeleteConversation,
+    EngineReady,
+    LoadPair,
+    OpenConversation,
+    RenameConversation,
+    ToggleView,
+)
 from dflash_tui.screens.chat import ChatScreen
-from dflash_tui.screens.conversations import NEW, ConversationsScreen
+from dflash_tui.screens.conversations import ConversationsScreen
 from dflash_tui.screens.help import HelpScreen
 from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.screens.picker import PickerScreen
 from dflash_tui.store import Store, export_markdown
 from dflash_tui.worker import EngineWorker
+
+
+@dataclass
+class ChatSettings:
+    """What a reply is generated with: the conversation's own values over the defaults."""
+
+    system_prompt: str
+    max_tokens: int
+    block_size: int  # 0: the draft's own
+
+
+def title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line[:48] + ("…" if len(line) > 48 else "")
 
 
 class DFlashChatApp(App[None]):
@@ -49,6 +72,7 @@ class DFlashChatApp(App[None]):
         self.settings, self.config_problem = config.load_settings(self.config_file)
         self.model = model or self.settings.model or None
         self.draft = draft or self.settings.draft or None
+        self.info: dict = {}  # the loaded pair's describe(); {} until the engine is ready
         self.data_dir = data_dir or config.data_dir()
         self.store = Store.open_default(self.data_dir)
         self.conversation_id: int | None = None
@@ -78,20 +102,93 @@ class DFlashChatApp(App[None]):
         except OSError as exc:
             self.notify(f"Could not save settings to {self.config_file}: {exc}", severity="error")
 
-    def load_pair(self, model: str | None, draft: str | None) -> None:
-        self.model, self.draft = model, draft
+    # the current conversation: the app is its one owner -------------------------------------
+
+    def effective(self) -> ChatSettings:
+        """The open conversation's settings, falling back to the defaults for unset ones."""
+        s = self.settings
         conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
-        block = (
-            conv.block_size if conv and conv.block_size is not None else self.settings.block_size
+        if conv is None:
+            return ChatSettings(s.system_prompt, s.max_tokens, s.block_size)
+        return ChatSettings(
+            conv.system_prompt if conv.system_prompt is not None else s.system_prompt,
+            conv.max_tokens or s.max_tokens,
+            conv.block_size if conv.block_size is not None else s.block_size,
         )
-        self.worker.submit_load(model, draft, block)
+
+    def begin_conversation(self, first_message: str) -> int:
+        """The conversation a message goes to: the open one, or a new one named after it."""
+        if self.conversation_id is None:
+            s = self.settings
+            conv = self.store.create_conversation(
+                title_from(first_message),
+                system_prompt=s.system_prompt,
+                max_tokens=s.max_tokens,
+                block_size=s.block_size,
+            )
+            self._set_current(conv.id, conv.title)
+        assert self.conversation_id is not None
+        # Record the pair this conversation talks to (the last one used, shown in Ctrl+L).
+        if self.info:
+            self.store.update_settings(
+                self.conversation_id, model=self.info.get("target"), draft=self.info.get("draft")
+            )
+        return self.conversation_id
+
+    def _set_current(self, conversation_id: int | None, title: str) -> None:
+        self.conversation_id = conversation_id
+        self.sub_title = title
 
     async def open_conversation(self, conversation_id: int | None) -> None:
-        await self.chat.show_conversation(conversation_id)
+        conv = self.store.get_conversation(conversation_id) if conversation_id else None
+        await self.chat.stop_reply()
+        self._set_current(conv.id if conv else None, conv.title if conv else "New chat")
+        await self.chat.show_conversation(self.conversation_id)
+
+    def load_pair(self, model: str | None, draft: str | None) -> None:
+        self.model, self.draft = model, draft
+        self.info = {}
+        self.worker.submit_load(model, draft, self.effective().block_size)
 
     async def on_unmount(self) -> None:
         self.worker.shutdown()
         self.store.close()
+
+    # messages from screens ------------------------------------------------------------------
+
+    async def on_open_conversation(self, message: OpenConversation) -> None:
+        await self.open_conversation(message.conversation_id)
+
+    def on_rename_conversation(self, message: RenameConversation) -> None:
+        self.store.rename_conversation(message.conversation_id, message.title)
+        if message.conversation_id == self.conversation_id:
+            conv = self.store.get_conversation(message.conversation_id)
+            self.sub_title = conv.title if conv else message.title
+        self._refresh_lists()
+
+    async def on_delete_conversation(self, message: DeleteConversation) -> None:
+        self.store.delete_conversation(message.conversation_id)
+        self._refresh_lists()
+        if message.conversation_id == self.conversation_id:
+            await self.open_conversation(None)
+
+    def _refresh_lists(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, ConversationsScreen):
+                screen.reload()
+
+    def on_toggle_view(self, message: ToggleView) -> None:
+        s = self.settings
+        setattr(s, message.setting, not getattr(s, message.setting))
+        self.chat.apply_view()
+        self.save_settings()
+
+    def on_load_pair(self, message: LoadPair) -> None:
+        self.load_pair(message.model, message.draft)
+
+    def on_engine_ready(self, event: EngineReady) -> None:
+        # Bubbles up from the chat screen, which shows it; the app keeps what was loaded.
+        self.info = dict(event.info)
 
     # actions --------------------------------------------------------------------------------
 
@@ -100,33 +197,17 @@ class DFlashChatApp(App[None]):
             self.push_screen(HelpScreen())
 
     def action_pick_model(self) -> None:
-        def chosen(pair: tuple[str, str] | None) -> None:
-            if pair is not None:
-                target, draft = pair
-                self.load_pair(target, draft or None)
-
-        self.push_screen(PickerScreen(), chosen)
+        self.push_screen(PickerScreen())  # posts LoadPair when a pair is chosen
 
     def action_conversations(self) -> None:
-        async def chosen(cid: int | None) -> None:
-            if cid == NEW:
-                await self.open_conversation(None)
-            elif cid is not None:
-                await self.open_conversation(cid)
-
-        self.push_screen(ConversationsScreen(), chosen)
+        self.push_screen(ConversationsScreen())  # posts OpenConversation when one is chosen
 
     async def action_new_conversation(self) -> None:
         await self.open_conversation(None)
 
     def action_settings(self) -> None:
-        conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
         s = self.settings
-        current = (
-            conv.system_prompt if conv and conv.system_prompt is not None else s.system_prompt,
-            conv.max_tokens if conv and conv.max_tokens else s.max_tokens,
-            conv.block_size if conv and conv.block_size is not None else s.block_size,
-        )
+        current = self.effective()
 
         def saved(values: dict | None) -> None:
             if values is None:
@@ -140,7 +221,9 @@ class DFlashChatApp(App[None]):
                 self.save_settings()
             self.notify("Settings saved", timeout=2)
 
-        self.push_screen(SettingsScreen(*current), saved)
+        self.push_screen(
+            SettingsScreen(current.system_prompt, current.max_tokens, current.block_size), saved
+        )
 
     def action_export(self) -> Path | None:
         conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
@@ -171,8 +254,7 @@ class DFlashChatApp(App[None]):
 
         def done(title: str | None) -> None:
             if title is not None:
-                self.store.rename_conversation(cid, title)
-                self.sub_title = title
+                self.post_message(RenameConversation(cid, title))
 
         self.push_screen(TextPrompt("Rename conversation", conv.title if conv else ""), done)
 

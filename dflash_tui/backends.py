@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from engine.errors import DFlashError, ModelNotAvailable  # no MLX: errors is plain Python
+from dflash_tui.firstrun import fetch_offline_model, is_offline_default
+from engine.errors import DFlashError  # no MLX: errors is plain Python
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -43,6 +44,9 @@ class RealBackend:
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
     ) -> dict:
+        if is_offline_default(model):
+            # First run: fetch the model in a child process so pip never draws on the screen.
+            fetch_offline_model(progress)
         from engine import DFlashConfig, DFlashRuntime  # imports MLX: worker thread only
 
         config = DFlashConfig(draft_block_size=block_size or None)
@@ -71,13 +75,20 @@ class FakeBackend:
     """Deterministic stand-in: same prompt -> same spans and stats, no clocks, no MLX.
 
     `delay` sleeps between spans (to test streaming and cancellation); `reply` overrides the
-    text; model ids starting with "bad" fail the way a missing checkpoint does.
+    text; `load_error`, when given, is raised by every load (a pair that cannot be loaded).
     """
 
-    def __init__(self, delay: float = 0.0, reply: str | None = None, load_delay: float = 0.0):
+    def __init__(
+        self,
+        delay: float = 0.0,
+        reply: str | None = None,
+        load_delay: float = 0.0,
+        load_error: Exception | None = None,
+    ):
         self.delay = delay
         self.reply = reply
         self.load_delay = load_delay
+        self.load_error = load_error
         self.info: dict = {}
         self.block_size = 4
 
@@ -88,11 +99,8 @@ class FakeBackend:
             progress(f"Loading {model or 'default pair'}", step / 4)
             if self.load_delay:
                 time.sleep(self.load_delay / 5)
-        if (model or "").startswith("bad") or (draft or "").startswith("bad"):
-            raise ModelNotAvailable(
-                f"Model {model!r} was not found locally or on the Hugging Face Hub. Check the id "
-                "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct) or give a local folder path."
-            )
+        if self.load_error is not None:
+            raise self.load_error
         self.block_size = block_size or 4
         self.info = {
             "target": model or "HuggingFaceTB/SmolLM2-135M-Instruct",

@@ -9,11 +9,13 @@ from pathlib import Path
 import tomllib
 from platformdirs import user_config_dir, user_data_dir
 
+from engine.config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE  # plain Python: loads no MLX
+
 APP_NAME = "dflash-chat"
 CONFIG_DIR_ENV = "DFLASH_CHAT_CONFIG_DIR"
 DATA_DIR_ENV = "DFLASH_CHAT_DATA_DIR"
 MAX_TOKENS_LIMIT = 32768
-BLOCK_SIZE_RANGE = (2, 16)  # engine.config.MIN/MAX_BLOCK_SIZE, copied to keep engine out of the UI
+BLOCK_SIZE_RANGE = (MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
 
 
 def config_dir() -> Path:

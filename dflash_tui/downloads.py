@@ -1,4 +1,7 @@
-"""Registry look-ups and downloads. Runs in worker threads: huggingface-hub is slow to import."""
+"""Registry look-ups and downloads. Runs in worker threads: huggingface-hub is slow to import.
+
+Nothing here may load MLX: the TUI process stays MLX-free until the engine worker loads a pair.
+"""
 
 from __future__ import annotations
 
@@ -40,14 +43,7 @@ def download_pair(target: str, draft: str | None, progress: Progress) -> None:
 
     if registry.hub_offline():
         raise ConnectionError(OFFLINE_HELP.format(what=target))
-    try:  # prefer the engine's own downloader once it exists
-        from engine.loading import download_pair as engine_download  # type: ignore[attr-defined]
-    except ImportError:
-        engine_download = None
-    if engine_download is not None:
-        pair = next(p for p in registry.list_pairs() if p.target == target)
-        engine_download(pair, progress)
-        return
+    # huggingface-hub directly: engine.loading has no downloader and importing it loads MLX.
     from huggingface_hub import snapshot_download
     from tqdm.auto import tqdm
 

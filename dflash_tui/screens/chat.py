@@ -12,7 +12,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
-from dflash_tui.messages import EngineFailed, EngineProgress, EngineReady, ReplyFinished, SpanBatch
+from dflash_tui.messages import (
+    EngineFailed,
+    EngineProgress,
+    EngineReady,
+    ReplyFinished,
+    SpanBatch,
+    ToggleView,
+)
 from dflash_tui.widgets.prompt import PromptInput
 from dflash_tui.widgets.sidebar import SpeedLine, StatsSidebar
 from dflash_tui.widgets.transcript import MessageView, Transcript
@@ -72,13 +79,19 @@ class ChatScreen(Screen):
         yield Footer()
 
     async def on_mount(self) -> None:
-        s = self.app.settings
-        self.set_class(not s.show_sidebar, "no-sidebar")
-        self.set_class(s.compact, "compact")
-        self.query_one(StatsSidebar).set_legend(s.draft_colours)
+        self.apply_view()
         self.query_one(SpeedLine).show_stats(None)
         self.query_one(PromptInput).focus()
-        await self.show_conversation(self.app.start_conversation)
+        await self.app.open_conversation(self.app.start_conversation)
+
+    def apply_view(self) -> None:
+        """Show the app's view settings (sidebar, compact, draft colours)."""
+        s = self.app.settings
+        self.set_class(not s.show_sidebar, "no-sidebar")
+        self.set_class(s.compact or self._auto_compact, "compact")
+        for view in self.query(MessageView):
+            view.set_colours(s.draft_colours)
+        self.query_one(StatsSidebar).set_legend(s.draft_colours)
 
     def on_resize(self) -> None:
         narrow = self.size.width < COMPACT_WIDTH
@@ -89,17 +102,15 @@ class ChatScreen(Screen):
     # conversation loading -------------------------------------------------------------------
 
     async def show_conversation(self, conversation_id: int | None) -> None:
-        """Replace the transcript with a stored conversation (None: an empty new chat)."""
-        await self._abandon_reply()
+        """Replace the transcript with a stored conversation (None: an empty new chat).
+        The app decides which conversation is open; this only draws it."""
+        await self.stop_reply()
         transcript = self.query_one(Transcript)
         await transcript.remove_children()
         store = self.app.store
-        conv = store.get_conversation(conversation_id) if conversation_id else None
-        self.app.conversation_id = conv.id if conv else None
-        self.app.sub_title = conv.title if conv else "New chat"
         views = []
-        if conv is not None:
-            for m in store.messages(conv.id):
+        if conversation_id is not None:
+            for m in store.messages(conversation_id):
                 view = MessageView(m.role, m.content, m.status)
                 view.message_id = m.id
                 if m.stats:
@@ -135,18 +146,8 @@ class ChatScreen(Screen):
     async def send(self, text: str) -> None:
         app = self.app
         store = app.store
-        if app.conversation_id is None:
-            conv = store.create_conversation(
-                _title_from(text),
-                system_prompt=app.settings.system_prompt,
-                max_tokens=app.settings.max_tokens,
-                block_size=app.settings.block_size,
-            )
-            app.conversation_id = conv.id
-            app.sub_title = conv.title
-        cid = app.conversation_id
-        conv = store.get_conversation(cid)
-        assert conv is not None
+        cid = app.begin_conversation(text)
+        chat = app.effective()
         # The user turn is committed before the engine sees it: a crash cannot lose it.
         user_row = store.add_message(cid, "user", text)
         transcript = self.query_one(Transcript)
@@ -154,7 +155,7 @@ class ChatScreen(Screen):
         user_view.message_id = user_row.id
         await transcript.add(user_view)
 
-        prompt = self._prompt_for(cid, conv.system_prompt)
+        prompt = self._prompt_for(cid, chat.system_prompt)
         reply_row = store.add_message(cid, "assistant", "", status="streaming")
         view = MessageView("assistant", "", "streaming")
         view.message_id = reply_row.id
@@ -166,10 +167,8 @@ class ChatScreen(Screen):
         self.reply_view, self.reply_db_id = view, reply_row.id
         self._last_flush = time.monotonic()
         self.query_one(StatsSidebar).reset()
-        max_tokens = conv.max_tokens or app.settings.max_tokens
-        block_size = conv.block_size if conv.block_size is not None else app.settings.block_size
         self.active = app.worker.submit_generate(
-            GenerateJob(self.request_id, prompt, max_tokens, block_size)
+            GenerateJob(self.request_id, prompt, chat.max_tokens, chat.block_size)
         )
         self.refresh_bindings()  # Esc (stop) appears in the footer only while streaming
 
@@ -249,7 +248,8 @@ class ChatScreen(Screen):
         if db_id is not None:
             self.app.store.update_message(db_id, view.content, status=status, stats=summary)
 
-    async def _abandon_reply(self) -> None:
+    async def stop_reply(self) -> None:
+        """Stop a streaming reply (if any), keeping its text: before another chat opens."""
         if self.active is not None:
             self.app.worker.cancel(self.active.request_id)
             await self._finish_reply("stopped", "stopped", {})
@@ -277,29 +277,13 @@ class ChatScreen(Screen):
         replies[-1].action_copy()
 
     def action_toggle_colours(self) -> None:
-        s = self.app.settings
-        s.draft_colours = not s.draft_colours
-        for view in self.query(MessageView):
-            view.set_colours(s.draft_colours)
-        self.query_one(StatsSidebar).set_legend(s.draft_colours)
-        self.app.save_settings()
+        self.post_message(ToggleView("draft_colours"))
 
     def action_toggle_sidebar(self) -> None:
-        s = self.app.settings
-        s.show_sidebar = not s.show_sidebar
-        self.set_class(not s.show_sidebar, "no-sidebar")
-        self.app.save_settings()
+        self.post_message(ToggleView("show_sidebar"))
 
     def action_toggle_compact(self) -> None:
-        s = self.app.settings
-        s.compact = not s.compact
-        self.set_class(s.compact or self._auto_compact, "compact")
-        self.app.save_settings()
-
-
-def _title_from(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else "New chat"
-    return line[:48] + ("…" if len(line) > 48 else "")
+        self.post_message(ToggleView("compact"))
 
 
 def _footer(summary: dict[str, Any]) -> str:

@@ -12,15 +12,15 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label
 
+from dflash_tui.messages import DeleteConversation, OpenConversation, RenameConversation
 from dflash_tui.screens.modals import Confirm, TextPrompt
 
 if TYPE_CHECKING:
     from dflash_tui.app import DFlashChatApp
 
-NEW = -1  # dismiss value meaning "start a new conversation"
+class ConversationsScreen(ModalScreen[None]):
+    """Posts OpenConversation (None: a new chat) to the app and closes."""
 
-
-class ConversationsScreen(ModalScreen[int | None]):
     app: DFlashChatApp
 
     DEFAULT_CSS = """
@@ -47,7 +47,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("Title", "Messages", "Updated")
+        table.add_columns("Title", "Messages", "Model", "Updated")
         self.reload()
         table.focus()
 
@@ -58,7 +58,8 @@ class ConversationsScreen(ModalScreen[int | None]):
         for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
             count = len(store.messages(conv.id))
             when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
-            table.add_row(conv.title, str(count), when, key=str(conv.id))
+            model = (conv.model or "—").rsplit("/", 1)[-1]  # the pair it last talked to
+            table.add_row(conv.title, str(count), model, when, key=str(conv.id))
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)
@@ -77,13 +78,17 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     @on(DataTable.RowSelected)
     def open_row(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(int(event.row_key.value))  # type: ignore[arg-type]
+        self._open(int(event.row_key.value))  # type: ignore[arg-type]
+
+    def _open(self, conversation_id: int | None) -> None:
+        self.app.post_message(OpenConversation(conversation_id))
+        self.dismiss()
 
     def action_search(self) -> None:
         self.query_one("#search", Input).focus()
 
     def action_new(self) -> None:
-        self.dismiss(NEW)
+        self._open(None)
 
     def action_rename(self) -> None:
         cid = self._selected()
@@ -93,10 +98,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
         def done(title: str | None) -> None:
             if title is not None:
-                self.app.store.rename_conversation(cid, title)
-                if cid == self.app.conversation_id:
-                    self.app.sub_title = title
-                self.reload()
+                self.post_message(RenameConversation(cid, title))  # the app reloads this list
 
         self.app.push_screen(TextPrompt("Rename conversation", conv.title if conv else ""), done)
 
@@ -108,10 +110,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.app.store.delete_conversation(cid)
-                self.reload()
-                if cid == self.app.conversation_id:
-                    self.app.call_later(self.app.open_conversation, None)
+                self.post_message(DeleteConversation(cid))  # the app reloads this list
 
         title = conv.title if conv else str(cid)
         self.app.push_screen(Confirm(f"Delete “{title}”? This cannot be undone."), done)

@@ -15,14 +15,15 @@ def binding_rows() -> list[tuple[str, str, str, str]]:
     from dflash_tui.screens.conversations import ConversationsScreen
     from dflash_tui.screens.modals import SettingsScreen
     from dflash_tui.screens.picker import PickerScreen
+    from dflash_tui.widgets.prompt import PromptInput
     from dflash_tui.widgets.transcript import MessageView
 
-    rows = [("app.command_palette", "ctrl+p", "Command palette", "everywhere")]
-    rows.append(("prompt.send", "enter", "Send message", "prompt"))
-    rows.append(("prompt.newline", "shift+enter / ctrl+j", "Insert newline", "prompt"))
+    palette = DFlashChatApp.COMMAND_PALETTE_BINDING
+    rows = [("app.command_palette", palette, "Command palette", "everywhere")]
     for where, cls in (
         ("everywhere", DFlashChatApp),
         ("chat", ChatScreen),
+        ("prompt", PromptInput),
         ("focused message", MessageView),
         ("conversations", ConversationsScreen),
         ("model picker", PickerScreen),

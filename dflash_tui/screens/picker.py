@@ -10,6 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar
 
 from dflash_tui.downloads import OFFLINE_HELP, PairRow, download_pair, registry_rows
+from dflash_tui.messages import LoadPair
 
 STATUS_STYLE = {
     "bundled": "[b green]bundled offline[/]",
@@ -19,8 +20,8 @@ STATUS_STYLE = {
 }
 
 
-class PickerScreen(ModalScreen[tuple[str, str] | None]):
-    """Dismisses with (target, draft) to load; draft "" means the registry's draft."""
+class PickerScreen(ModalScreen[None]):
+    """Posts LoadPair(target, draft) to the app and closes; draft None: the registry's."""
 
     DEFAULT_CSS = """
     PickerScreen { align: center middle; }
@@ -103,7 +104,7 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         if row is None:
             return
         if row.status in ("bundled", "cached"):
-            self.dismiss((row.target, row.draft or ""))
+            self.choose_pair(row.target, row.draft)
         elif row.status == "downloadable":
             self.action_download()
         else:
@@ -133,7 +134,7 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         except Exception as exc:  # shown in the dialog; the table stays usable
             self.app.call_from_thread(self._download_failed, str(exc))
             return
-        self.app.call_from_thread(self.dismiss, (row.target, row.draft or ""))
+        self.app.call_from_thread(self.choose_pair, row.target, row.draft)
 
     def _progress(self, text: str, fraction: float | None) -> None:
         self._message(text)
@@ -155,4 +156,8 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
             self._message("Type a target model id or folder path first (the draft is optional).")
             self.query_one("#target", Input).focus()
             return
-        self.dismiss((target, draft))
+        self.choose_pair(target, draft or None)
+
+    def choose_pair(self, target: str, draft: str | None) -> None:
+        self.app.post_message(LoadPair(target, draft))
+        self.dismiss()

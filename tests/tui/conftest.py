@@ -43,11 +43,13 @@ def make_app(request: pytest.FixtureRequest) -> Callable[..., object]:
         draft: str | None = None,
         max_tokens: int = 24,
         delay: float = 0.02,
+        load_error: Exception | None = None,
         **kw,
     ) -> DFlashChatApp:
+        """`load_error`: what the fake's load raises (the real engine raises its own)."""
         if kind == "fake":
             reply = " ".join(f"word{i}" for i in range(max_tokens))  # one token per word
-            backend = lambda: FakeBackend(delay=delay, reply=reply)  # noqa: E731
+            backend = lambda: FakeBackend(delay=delay, reply=reply, load_error=load_error)  # noqa: E731
         else:
             if model is None:
                 model, draft = request.getfixturevalue("tiny_pair")

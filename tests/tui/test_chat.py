@@ -7,6 +7,7 @@ import pytest
 from dflash_tui.widgets.prompt import PromptInput
 from dflash_tui.widgets.sidebar import StatsSidebar
 from dflash_tui.widgets.transcript import MessageView
+from engine.errors import ModelNotAvailable
 
 from .conftest import engine_ready, replies, send, wait_for
 
@@ -107,12 +108,22 @@ async def test_export_writes_markdown(make_app):
 
 
 async def test_bad_model_id_shows_error_not_traceback(make_app):
-    app = make_app(model="bad-org/no-such-model", draft="bad-org/no-such-draft")
+    # The engine's own message for an id that is neither a folder nor in the hub cache (the
+    # tests run with HF_HUB_OFFLINE=1); the fake raises it as given, the real engine for real.
+    expected = (
+        "bad-org/no-such-model is not in the local Hugging Face cache and HF_HUB_OFFLINE is set."
+    )
+    app = make_app(
+        model="bad-org/no-such-model",
+        draft="bad-org/no-such-draft",
+        load_error=ModelNotAvailable(expected + " Fix: pass a local folder."),
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: bool(app.chat.query(".notice")))
         notice = str(app.chat.query_one(".notice").render())
-        assert "no-such-model" in notice or "not" in notice.lower()
+        assert notice.startswith(expected), notice
         assert "Traceback" not in notice
+        assert "not loaded" in str(app.chat.query_one("#pair").render())
         # Sending still saves the user's message and explains what to do.
         await send(pilot, "hi")
         await wait_for(
