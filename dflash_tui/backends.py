@@ -104,7 +104,7 @@ class FakeBackend:
         self.block_size = block_size or 4
         self.info = {
             "target": model or "HuggingFaceTB/SmolLM2-135M-Instruct",
-            "draft": draft or "dflash-smollm2-135m-draft (bundled)",
+            "draft": draft or "smollm2-135m-instruct-dflash",
             "backend": "cpu",
             "dtype": "float32",
             "block_size": self.block_size,

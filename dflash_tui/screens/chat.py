@@ -188,7 +188,12 @@ class ChatScreen(Screen):
             return  # a batch that raced with Esc: the reply is already final
         assert self.reply_view is not None
         await self.reply_view.append(batch.text, batch.segments)
-        self.query_one(StatsSidebar).update_stats(batch.stats, batch.cycle_tokens)
+        sidebar = self.query_one(StatsSidebar)
+        was_collapsed = sidebar.collapsed is not None
+        sidebar.update_stats(batch.stats, batch.cycle_tokens)
+        if sidebar.collapsed is not None and not was_collapsed:
+            # Also when the sidebar is hidden: a silent collapse is what users complain about.
+            self.notify(str(sidebar.query_one("#hint").render()), severity="warning", timeout=8)
         self.query_one(SpeedLine).show_stats(batch.stats)
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
@@ -202,6 +207,11 @@ class ChatScreen(Screen):
         if event.finish_reason == "cancelled":
             status = "stopped"
         footer = _footer(event.summary) if event.summary else ""
+        if event.summary:
+            speculative = event.summary.get("speculative", True)
+            self.query_one(StatsSidebar).set_fallback(
+                None if speculative else event.summary.get("fallback_reason") or "target alone"
+            )
         await self._finish_reply(status, footer, event.summary)
 
     async def on_engine_failed(self, event: EngineFailed) -> None:

@@ -12,7 +12,7 @@ from textual.widgets import TextArea
 class PromptInput(TextArea):
     # priority: TextArea handles Enter itself (a newline) before ordinary bindings are seen.
     BINDINGS = [
-        Binding("enter", "submit", "Send", id="prompt.send", priority=True),
+        Binding("enter", "submit", "Send", id="prompt.send", priority=True, show=False),
         Binding(
             "shift+enter,ctrl+j", "newline", "Newline", id="prompt.newline", priority=True,
             show=False,
