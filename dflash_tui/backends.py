@@ -75,7 +75,9 @@ class FakeBackend:
     """Deterministic stand-in: same prompt -> same spans and stats, no clocks, no MLX.
 
     `delay` sleeps between spans (to test streaming and cancellation); `reply` overrides the
-    text; `load_error`, when given, is raised by every load (a pair that cannot be loaded).
+    text; `load_error`, when given, is raised by every load (a pair that cannot be loaded);
+    `pattern` is the tokens each cycle commits, repeated; `fallback` makes every reply run on
+    the target alone for that reason, as the engine does past max_ctx.
     """
 
     def __init__(
@@ -84,11 +86,16 @@ class FakeBackend:
         reply: str | None = None,
         load_delay: float = 0.0,
         load_error: Exception | None = None,
+        pattern: list[int] | None = None,
+        fallback: str | None = None,
     ):
         self.delay = delay
         self.reply = reply
         self.load_delay = load_delay
         self.load_error = load_error
+        # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
+        self.pattern = pattern or [3, 1, 4, 2, 5, 1, 3]
+        self.fallback = fallback
         self.info: dict = {}
         self.block_size = 4
 
@@ -127,17 +134,17 @@ class FakeBackend:
         )
         generated, cycles, pos = 0, 0, 0
         committed: list[int] = []
-        # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
-        pattern = [3, 1, 4, 2, 5, 1, 3]
+        speculative = self.fallback is None
+        pattern = self.pattern if speculative else [1]
         while pos < len(words):
             if self.delay:
                 time.sleep(self.delay)
             n = pattern[cycles % len(pattern)] if generated else 1
             chunk = words[pos : pos + n]
             pos += len(chunk)
-            n_draft = len(chunk) - 1 if generated else 0
+            n_draft = len(chunk) - 1 if generated and speculative else 0
             cycle = None
-            if generated:
+            if generated and speculative:
                 cycle = CycleStats(cycles, self.block_size, n_draft, 0.001, 0.002, 0.0)
                 cycles += 1
                 committed.append(len(chunk))
@@ -153,7 +160,7 @@ class FakeBackend:
                 ctx_used=prompt_tokens + generated,
                 max_ctx=16384,
                 peak_memory_bytes=300_000_000 + generated * 1000,
-                speculative=True,
+                speculative=speculative,
             )
             yield Span(
                 tokens=tuple(range(len(chunk))),
@@ -169,8 +176,8 @@ class FakeBackend:
                 tokens=list(range(generated)),
                 prompt_tokens=prompt_tokens,
                 finish_reason="length" if len(words) >= max_tokens else "stop",
-                speculative=True,
-                fallback_reason=None,
+                speculative=speculative,
+                fallback_reason=self.fallback,
                 block_size=self.block_size,
                 elapsed_s=0.05 + generated * 0.01,
                 prefill_s=0.05,
