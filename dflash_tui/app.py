@@ -50,6 +50,11 @@ class DFlashChatApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+        # Ours rather than Textual's implicit one, so it has an id and can be rebound.
+        Binding(
+            "ctrl+p", "command_palette", "palette", id="app.command_palette",
+            priority=True, show=False,
+        ),
         Binding("f1", "help", "Help", id="app.help"),
         Binding("f2", "pick_model", "Models", id="app.pick_model"),
         Binding("ctrl+l", "conversations", "Chats", id="app.conversations"),
@@ -86,10 +91,27 @@ class DFlashChatApp(App[None]):
     async def on_mount(self) -> None:
         if self.settings.theme in self.available_themes:
             self.theme = self.settings.theme
+        self.apply_keymap()
         self.worker.start()
         self.load_pair(self.model, self.draft)
         if self.config_problem:
-            self.notify(self.config_problem, severity="warning", timeout=10)
+            self.notify(self.config_problem, severity="warning", timeout=15)
+
+    def apply_keymap(self) -> None:
+        """The config file's [keymap] (binding id -> keys) over the default bindings."""
+        from dflash_tui.screens.help import binding_rows
+
+        known = {row[0] for row in binding_rows()}
+        keymap = self.settings.keymap
+        unknown = sorted(set(keymap) - known)
+        self.set_keymap({k: v for k, v in keymap.items() if k in known})
+        if unknown:
+            self.notify(
+                f"Config file {self.config_file}: [keymap] has no binding "
+                f"{', '.join(unknown)}; F1 lists the binding ids.",
+                severity="warning",
+                timeout=15,
+            )
 
     def watch_theme(self, theme: str) -> None:
         if theme != self.settings.theme:
@@ -97,6 +119,9 @@ class DFlashChatApp(App[None]):
             self.save_settings()
 
     def save_settings(self) -> None:
+        if self.config_problem:
+            # Never overwrite a file we could not read fully: the user's fix would be lost.
+            return
         try:
             config.save_settings(self.settings, self.config_file)
         except OSError as exc:

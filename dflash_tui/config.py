@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+import re
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import tomllib
@@ -41,6 +42,9 @@ class Settings:
     show_sidebar: bool = True
     draft_colours: bool = False
     compact: bool = False
+    # binding id -> keys, e.g. {"chat.stop": "ctrl+s"}; the [keymap] table of the file, applied
+    # with Textual's keymap support. F1 lists every binding id.
+    keymap: dict[str, str] = field(default_factory=dict)
 
 
 def _toml_value(value: object) -> str:
@@ -54,37 +58,71 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))
 
 
+def _line_of(text: str, key: str) -> int | None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if re.match(rf"\s*\"?{re.escape(key)}\"?\s*=", line):
+            return number
+    return None
+
+
 def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
-    """Read settings; a broken file gives defaults plus a message saying what to fix."""
+    """Read settings; a broken file gives defaults plus a message naming the file, the line
+    and the fix. The file itself is left as it is (saving rewrites it only on a change)."""
     path = path or config_path()
     settings = Settings()
     if not path.exists():
         return settings, None
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return settings, f"Config file {path} cannot be read ({exc}); using defaults."
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # The message ends "(at line N, column M)": say it the way an editor would look for it.
+        where = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        what = re.sub(r"\s*\(at line.*\)$", "", str(exc))
+        at = f"{path}:{where.group(1)}" if where else str(path)
         return (
             settings,
-            f"Config file {path} is unreadable ({exc}); using defaults. Fix or delete it.",
+            f"Config file {at}: {what}. Using the defaults for every setting; fix that line or "
+            "delete the file.",
         )
     problems = []
     for f in fields(Settings):
         if f.name not in raw:
             continue
         value, default = raw[f.name], getattr(settings, f.name)
+        line = _line_of(text, f.name) or _line_of(text, f"[{f.name}]")
+        at = f"line {line}" if line else "?"
         if type(value) is not type(default):
-            problems.append(f"{f.name} should be {type(default).__name__}")
+            kind = "a table" if isinstance(default, dict) else type(default).__name__
+            problems.append(f"{at}: {f.name} should be {kind}, not {value!r}")
             continue
+        if isinstance(value, dict):
+            bad = [k for k, v in value.items() if not isinstance(v, str)]
+            for k in bad:
+                problems.append(f"line {_line_of(text, k) or '?'}: keymap {k} should be a key "
+                                "string such as \"ctrl+s\"")
+            value = {k: v for k, v in value.items() if k not in bad}
         setattr(settings, f.name, value)
+    unknown = sorted(set(raw) - {f.name for f in fields(Settings)})
+    for key in unknown:
+        problems.append(f"line {_line_of(text, key) or '?'}: unknown setting {key}")
     if problems:
-        return settings, f"Config file {path}: {'; '.join(problems)}. Those keys use defaults."
+        return settings, f"Config file {path}: {'; '.join(problems)}. Those use the defaults."
     return settings, None
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> None:
     path = path or config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in asdict(settings).items())
+    values = asdict(settings)
+    keymap = values.pop("keymap")
+    body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+    body += "\n# Rebind keys by binding id (F1 lists them), e.g. \"chat.stop\" = \"ctrl+s\"\n"
+    body += "[keymap]\n" + "".join(f"{_toml_value(k)} = {_toml_value(v)}\n"
+                                   for k, v in keymap.items())
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# dflash-chat settings\n" + body, encoding="utf-8")
     tmp.replace(path)  # atomic: a crash never leaves half a config

@@ -9,7 +9,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 
-def binding_rows() -> list[tuple[str, str, str, str]]:
+def binding_rows(keymap: dict[str, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(id, keys, action, where) for every binding; `keymap` overrides keys by id."""
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.screens.chat import ChatScreen
     from dflash_tui.screens.conversations import ConversationsScreen
@@ -18,8 +19,8 @@ def binding_rows() -> list[tuple[str, str, str, str]]:
     from dflash_tui.widgets.prompt import PromptInput
     from dflash_tui.widgets.transcript import MessageView
 
-    palette = DFlashChatApp.COMMAND_PALETTE_BINDING
-    rows = [("app.command_palette", palette, "Command palette", "everywhere")]
+    keymap = keymap or {}
+    rows = []
     for where, cls in (
         ("everywhere", DFlashChatApp),
         ("chat", ChatScreen),
@@ -31,7 +32,7 @@ def binding_rows() -> list[tuple[str, str, str, str]]:
     ):
         for b in cls.BINDINGS:
             if isinstance(b, Binding) and b.id:
-                rows.append((b.id, b.key, b.description, where))
+                rows.append((b.id, keymap.get(b.id, b.key), b.description, where))
     return rows
 
 
@@ -51,13 +52,15 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(
-                "dflash-chat keys  (Esc closes; rebind by id in the config keymap)", classes="title"
+                "dflash-chat keys  (Esc closes; rebind by id in the [keymap] of "
+                f"{self.app.config_file})",
+                classes="title",
             )
             yield DataTable(cursor_type="row", id="keys")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("Binding id", "Key", "Action", "Where")
-        for row in binding_rows():
+        for row in binding_rows(self.app.settings.keymap):
             table.add_row(*row)
         table.focus()
