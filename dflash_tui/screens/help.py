@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Label, Static
 
 
 def binding_rows(keymap: dict[str, str] | None = None) -> list[tuple[str, str, str, str]]:
@@ -41,7 +42,8 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen { align: center middle; }
     HelpScreen > Vertical { width: 90; height: 85%; border: thick $accent; background: $surface;
         padding: 0 1; }
-    HelpScreen .title { text-style: bold; padding: 1 0; }
+    HelpScreen .title { text-style: bold; padding: 1 0 0 0; }
+    HelpScreen .hint { color: $text-muted; padding: 0 0 1 0; }
     HelpScreen DataTable { height: 1fr; }
     """
     BINDINGS = [
@@ -51,10 +53,15 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(
-                "dflash-chat keys  (Esc closes; rebind by id in the [keymap] of "
-                f"{self.app.config_file})",
-                classes="title",
+            yield Label("dflash-chat keys  (Esc closes)", classes="title")
+            yield Static(
+                Text.assemble(
+                    "Rebind a key by its id: ",
+                    ('"chat.stop" = "ctrl+s"', "bold"),
+                    " under [keymap] in ",
+                    (str(self.app.config_file), "bold"),
+                ),
+                classes="hint",
             )
             yield DataTable(cursor_type="row", id="keys")
 
