@@ -96,6 +96,14 @@ class DFlashChatApp(App[None]):
         self.load_pair(self.model, self.draft)
         if self.config_problem:
             self.notify(self.config_problem, severity="warning", timeout=15)
+        if self.store.moved_aside is not None:
+            self.notify(
+                f"The chat history was damaged and could not be read. It was moved to "
+                f"{self.store.moved_aside} (kept, not deleted); a fresh history starts here.",
+                title="History",
+                severity="warning",
+                timeout=30,
+            )
 
     def apply_keymap(self) -> None:
         """The config file's [keymap] (binding id -> keys) over the default bindings."""

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_fast_blas(sys.argv[1:] if argv is None else list(argv))
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.backends import FakeBackend, RealBackend
-    from dflash_tui.store import SchemaTooNew
+    from dflash_tui.store import HistoryUnavailable, SchemaTooNew, unwritable
 
     data_dir = args.data_dir or config.data_dir()
     try:
@@ -110,15 +110,19 @@ def main(argv: list[str] | None = None) -> int:
             config.validate_max_tokens(str(args.max_tokens))
         if args.block_size is not None:
             config.validate_block_size(str(args.block_size))
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"dflash-chat: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        filename=data_dir / "dflash-chat.log",
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(
+            filename=data_dir / "dflash-chat.log",
+            level=logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+    except OSError as exc:
+        print(f"dflash-chat: {unwritable(data_dir, exc)}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app = DFlashChatApp(
@@ -128,15 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=data_dir,
             conversation_id=args.conversation,
         )
-    except (SchemaTooNew, OSError) as exc:
+    except (SchemaTooNew, HistoryUnavailable) as exc:
         print(f"dflash-chat: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # e.g. a corrupt database file: say where it is, keep it
-        print(
-            f"dflash-chat: cannot open history in {data_dir}: {exc}. Move the file aside "
-            "to start fresh (nothing is deleted).",
-            file=sys.stderr,
-        )
         return 2
     if args.max_tokens is not None:
         app.settings.max_tokens = args.max_tokens
