@@ -27,6 +27,21 @@ class Backend(Protocol):
         """Yield engine.events.Span objects then one Finished; close() the iterator to stop."""
 
 
+class ContextTooLong(DFlashError):
+    """The conversation no longer fits the model's context window."""
+
+
+def check_context(prompt_tokens: int, max_ctx: int) -> None:
+    """Refuse a prompt that leaves no room for a reply, saying what to do instead."""
+    if prompt_tokens >= max_ctx:
+        raise ContextTooLong(
+            f"This conversation is {prompt_tokens} tokens, more than the model's context "
+            f"window (max_ctx {max_ctx}), so there is no room for a reply. Your message is "
+            "saved. Start a new chat (Ctrl+N), or export this one (Ctrl+E) and paste the part "
+            "that matters into a new chat."
+        )
+
+
 def user_message(exc: BaseException) -> str:
     """The text to show for an engine error: DFlashError messages are already written for users."""
     if isinstance(exc, DFlashError | ValueError | FileNotFoundError):
@@ -38,8 +53,9 @@ def user_message(exc: BaseException) -> str:
 
 
 class RealBackend:
-    def __init__(self) -> None:
+    def __init__(self, max_ctx: int | None = None) -> None:
         self.rt: Any = None
+        self.max_ctx = max_ctx  # None: the engine's default
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
@@ -49,7 +65,8 @@ class RealBackend:
             fetch_offline_model(progress)
         from engine import DFlashConfig, DFlashRuntime  # imports MLX: worker thread only
 
-        config = DFlashConfig(draft_block_size=block_size or None)
+        more = {} if self.max_ctx is None else {"max_ctx": self.max_ctx}
+        config = DFlashConfig(draft_block_size=block_size or None, **more)
         self.rt = DFlashRuntime.from_pretrained(
             model=model or None, draft=draft or None, config=config, progress=progress
         )
@@ -58,6 +75,7 @@ class RealBackend:
     def stream(
         self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
     ) -> Iterator[Any]:
+        check_context(len(self.rt.encode(prompt)), self.rt.config.max_ctx)
         # block_size 0 means the draft's own; the engine takes it per call, no reload.
         return self.rt.stream_generate(prompt, max_tokens=max_tokens,
                                        block_size=block_size or None)
@@ -88,6 +106,7 @@ class FakeBackend:
         load_error: Exception | None = None,
         pattern: list[int] | None = None,
         fallback: str | None = None,
+        max_ctx: int = 16384,
     ):
         self.delay = delay
         self.reply = reply
@@ -96,6 +115,7 @@ class FakeBackend:
         # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
         self.pattern = pattern or [3, 1, 4, 2, 5, 1, 3]
         self.fallback = fallback
+        self.max_ctx = max_ctx
         self.info: dict = {}
         self.block_size = 4
 
@@ -115,7 +135,7 @@ class FakeBackend:
             "backend": "cpu",
             "dtype": "float32",
             "block_size": self.block_size,
-            "max_ctx": 16384,
+            "max_ctx": self.max_ctx,
         }
         return dict(self.info)
 
@@ -132,6 +152,7 @@ class FakeBackend:
             if isinstance(prompt, list)
             else len(prompt.split())
         )
+        check_context(prompt_tokens, self.max_ctx)
         generated, cycles, pos = 0, 0, 0
         committed: list[int] = []
         speculative = self.fallback is None
@@ -158,7 +179,7 @@ class FakeBackend:
                 ttft_s=0.05,
                 prefill_tokens_per_second=prompt_tokens / 0.05,
                 ctx_used=prompt_tokens + generated,
-                max_ctx=16384,
+                max_ctx=self.max_ctx,
                 peak_memory_bytes=300_000_000 + generated * 1000,
                 speculative=speculative,
             )

@@ -133,3 +133,25 @@ async def test_bad_model_id_shows_error_not_traceback(make_app):
         assert stored[0].content == "hi"
         assert "F2" in str(app.chat.query(".notice").last().render())
     assert app.return_code in (0, None)
+
+
+async def test_prompt_longer_than_max_ctx_is_refused_clearly(make_app):
+    app = make_app(max_ctx=64)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        long_text = " ".join(["context"] * 200)
+        await send(pilot, long_text)
+        await wait_for(pilot, lambda: app.chat.active is None and bool(app.chat.query(".notice")))
+        notice = str(app.chat.query(".notice").last().render())
+        assert notice.startswith("This conversation is ") and "(max_ctx 64)" in notice
+        assert "Start a new chat (Ctrl+N)" in notice
+        reply = replies(app)[-1]
+        assert reply.status == "error"
+        stored = app.store.messages(app.conversation_id)
+        assert stored[0].content == long_text  # the user's message is kept
+        assert stored[-1].status == "error"
+        # A new chat works again.
+        await pilot.press("ctrl+n")
+        await send(pilot, "short")
+        await wait_for(pilot, lambda: app.chat.active is None and replies(app)
+                       and replies(app)[-1].status in ("done", "length"))
