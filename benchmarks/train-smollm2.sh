@@ -40,7 +40,7 @@ MLX_ENABLE_TF32=0 timeout ${CHECK_TIMEOUT:-50} python3 - /root/draft <<'PY' 2>&1
 import sys
 from pathlib import Path
 from engine.loading import load_draft_folder, load_target
-from engine.prompts import build_prompts
+from engine.train.prompts import build_prompts
 from engine.runtime import DFlashRuntime
 model, tok, _ = load_target("HuggingFaceTB/SmolLM2-135M-Instruct", "float32")
 rt = DFlashRuntime(model, tok, load_draft_folder(Path(sys.argv[1])))

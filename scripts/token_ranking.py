@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.train import Dataset, write_token_ranking
+    from engine.train.dataset import Dataset, write_token_ranking
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("draft", type=Path, help="the draft folder to write token_ranking.json into")

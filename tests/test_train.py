@@ -11,28 +11,23 @@ import pytest
 from engine.cycle import propose
 from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
-from engine.prompts import build_prompts
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
 from engine.testing import make_tiny_pair
-from engine.train import (
+from engine.train.dataset import Dataset, token_ranking, write_token_ranking
+from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
+from engine.train.objective import (
     Batch,
-    Dataset,
-    TrainConfig,
     block_loss,
     block_mask,
-    build_parser,
     make_batch,
     slot_logits,
     slot_weights,
     target_taps,
-    token_ranking,
     tokens_per_cycle,
-    train,
-    train_draft_main,
     train_forward,
-    write_token_ranking,
 )
+from engine.train.prompts import build_prompts
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +219,7 @@ def test_prompt_set_is_the_same_in_every_process():
     import subprocess
     import sys
 
-    code = ("import hashlib; from engine.prompts import build_prompts; "
+    code = ("import hashlib; from engine.train.prompts import build_prompts; "
             "print(hashlib.sha256(repr(build_prompts(3000, seed=1)).encode()).hexdigest())")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)}
@@ -241,7 +236,7 @@ def test_prompt_set_is_diverse_and_seeded():
 
 def test_greedy_batch_equals_single_greedy(pair):
     from engine.cycle import plain_decode
-    from engine.train import greedy_batch
+    from engine.train.generate import greedy_batch
 
     _, _, model, tokenizer = pair
     target = adapter_for(model)
@@ -254,7 +249,7 @@ def test_greedy_batch_equals_single_greedy(pair):
 
 def test_greedy_batch_left_pads_mixed_lengths(pair):
     from engine.cycle import plain_decode
-    from engine.train import greedy_batch
+    from engine.train.generate import greedy_batch
 
     _, _, model, _ = pair
     target = adapter_for(model)
@@ -266,7 +261,7 @@ def test_greedy_batch_left_pads_mixed_lengths(pair):
 
 
 def test_length_batches_bound_width_and_tokens():
-    from engine.train import length_batches
+    from engine.train.generate import length_batches
 
     lengths = [10, 50, 11, 12, 10, 300, 49]
     runs = length_batches(lengths, batch=3, max_new=20, token_budget=150, paddable=True)

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import platform
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,9 +28,19 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .draft import DFlashDraft, DraftArgs, default_tap_ids
-from .loading import RANKING_FILE
-from .targets.base import TargetAdapter, text_model
+from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..targets.base import TargetAdapter
+from .dataset import Dataset, encode_prompts, write_token_ranking
+from .generate import generate_dataset
+from .objective import (
+    block_loss,
+    low_precision_head,
+    make_batch,
+    slot_logits,
+    slot_weights,
+    target_taps,
+    tokens_per_cycle,
+)
 
 GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -75,326 +84,6 @@ class TrainConfig:
     @property
     def gamma(self) -> float:
         return GAMMAS.get(self.block_size, 7.0 * self.block_size / 16)
-
-
-# -- the dataset: target-generated responses ----------------------------------------------
-@dataclass
-class Dataset:
-    sequences: list[list[int]]  # prompt + response token ids
-    prompt_lens: list[int]
-    meta: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    @property
-    def response_tokens(self) -> int:
-        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lens))
-
-    def save(self, path: Path) -> None:
-        lens = np.array([len(s) for s in self.sequences], dtype=np.int64)
-        flat = np.array([t for s in self.sequences for t in s], dtype=np.int32)
-        if flat.size and flat.max() < 1 << 16:  # halves the file for vocabularies < 65536
-            flat = flat.astype(np.uint16)
-        np.savez_compressed(path, tokens=flat, lengths=lens,
-                            prompt_lens=np.array(self.prompt_lens),
-                            meta=np.array(json.dumps(self.meta)))
-
-    @classmethod
-    def load(cls, path: Path) -> Dataset:
-        z = np.load(path)
-        ends = np.cumsum(z["lengths"])
-        flat = z["tokens"].astype(np.int64).tolist()
-        seqs = [flat[e - n:e] for e, n in zip(ends.tolist(), z["lengths"].tolist())]
-        return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
-
-    def split(self, n_val: int) -> tuple[Dataset, Dataset]:
-        """Hold out `n_val` sequences spread evenly over the file: generation runs in batches
-        of similar prompt length, so the tail alone would be one batch (often one template,
-        maybe an easy one) and overstate tokens/cycle."""
-        n_val = min(n_val, len(self) // 5)
-        held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist())
-        kept = [i for i in range(len(self)) if i not in held]
-        return self.subset(kept), self.subset(sorted(held))
-
-    def subset(self, idx: Sequence[int]) -> Dataset:
-        return Dataset([self.sequences[i] for i in idx], [self.prompt_lens[i] for i in idx],
-                       self.meta)
-
-
-def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
-    """Token ids by how often they occur in the responses (prompts excluded: the draft
-    predicts answers), most frequent first, ties by id; unseen tokens are left out."""
-    flat = [t for d in datasets for s, p in zip(d.sequences, d.prompt_lens) for t in s[p:]]
-    counts = np.bincount(np.asarray(flat, dtype=np.int64)) if flat else np.zeros(0, np.int64)
-    seen = np.flatnonzero(counts)
-    return seen[np.argsort(-counts[seen], kind="stable")].tolist()
-
-
-def write_token_ranking(datasets: Sequence[Dataset], out_dir: Path | str, source: str) -> Path:
-    """OUT/token_ranking.json: the ranking the runtime's draft vocabulary is cut from."""
-    path = Path(out_dir) / RANKING_FILE
-    ids = token_ranking(datasets)
-    path.write_text(json.dumps({"version": 1, "source": source, "token_ids": ids}) + "\n")
-    return path
-
-
-def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
-    out = []
-    for messages in conversations:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
-    return out
-
-
-def paddable(model: nn.Module) -> bool:
-    """Whether left padding can be masked out: attention layers only. A recurrent
-    (GatedDeltaNet) layer's state would absorb the pad tokens."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
-
-
-def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any]:
-    """Per-layer caches that mask each row's `pads` left padding tokens (paddable models)."""
-    from mlx_lm.models.cache import BatchKVCache
-
-    return [BatchKVCache(pads) for _ in text_model(model).layers]
-
-
-def greedy_batch(model: nn.Module, prompts: list[list[int]], max_new: int,
-                 eos: set[int]) -> list[list[int]]:
-    """Greedy continuations of a batch of prompts. Prompts of one length run unpadded,
-    exactly as a single prompt would; mixed lengths are left-padded with the padding masked
-    (attention-only models: training data, where float noise in the last bits is harmless).
-    Each response ends at its first EOS (kept)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .targets import adapter_for
-
-    width = max(len(p) for p in prompts)
-    pads = [width - len(p) for p in prompts]
-    if any(pads) and not paddable(model):
-        raise ValueError("prompts of different lengths need an attention-only model: "
-                         "group them by length (generate_dataset does)")
-    cache = left_padded_cache(model, pads) if any(pads) else make_prompt_cache(model)
-    tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
-    # the head on the last position only: full-prompt logits of a big batch would not fit
-    target = adapter_for(model)
-    hidden = target.inner(tokens, cache=cache)[:, -1]
-    tok = mx.argmax(target.lm_head(hidden), axis=-1)
-    steps, finished = [tok], mx.zeros(tok.shape, dtype=mx.bool_)
-    eos_ids = mx.array(sorted(eos))
-    for i in range(1, max_new):
-        finished = finished | (tok[:, None] == eos_ids).any(axis=-1)
-        tok = mx.argmax(model(tok[:, None], cache=cache)[:, -1], axis=-1)
-        steps.append(tok)
-        mx.async_eval(tok, finished)
-        if i % 32 == 0 and finished.all().item():
-            break
-    out = []
-    for row in mx.stack(steps, axis=1).tolist():
-        end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
-        out.append(row[:end])
-    return out
-
-
-def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: int,
-                   paddable: bool) -> list[list[int]]:
-    """Prompt indices in batches of up to `batch` (fewer for long prompts: at most
-    `token_budget` prompt + response tokens, which bounds the KV cache). Paddable models
-    batch neighbours in length order, so every prompt is answered at full batch width;
-    others batch equal lengths only (small groups run narrow and slow)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    runs: list[list[int]] = []
-    for i in order:
-        fits = bool(runs) and len(runs[-1]) < batch and (
-            (len(runs[-1]) + 1) * (lengths[i] + max_new) <= token_budget)
-        if fits and (paddable or lengths[runs[-1][0]] == lengths[i]):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
-
-
-def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,
-                     batch: int, seconds: float | None = None,
-                     on_done: Callable[[int], None] | None = None,
-                     token_budget: int = 1 << 18) -> Dataset:
-    """Greedy responses of the target for prompts in batches of similar length (see
-    `length_batches`), in a seeded shuffle so every category and length comes early. The
-    EOS stays in the response: the draft must learn to predict it too. With `seconds`,
-    generation stops after the batch that crosses it."""
-    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget,
-                            paddable(model))
-    random.Random(0).shuffle(chunks)
-    # full batches first: narrow ones waste the GPU
-    chunks.sort(key=lambda c: len(c) < min(batch, 64))
-    eos = set(tokenizer.eos_token_ids)
-    seqs, plens, done = [], [], 0
-    start = time.perf_counter()
-    for chunk in chunks:
-        responses = greedy_batch(model, [prompts[i] for i in chunk], max_new, eos)
-        for i, r in zip(chunk, responses):
-            if len(r) >= 2:  # an anchor needs a label after it
-                seqs.append(prompts[i] + r)
-                plens.append(len(prompts[i]))
-        done += len(chunk)
-        if on_done:
-            on_done(len(chunk))
-        if seconds is not None and time.perf_counter() - start > seconds:
-            break
-    return Dataset(seqs, plens, {"generated": done, "seconds": time.perf_counter() - start,
-                                 "max_new": max_new, "batches": chunks.index(chunk) + 1})
-
-
-# -- batches of blocks --------------------------------------------------------------------
-@dataclass
-class Batch:
-    tokens: mx.array  # [N, T] right-padded sequences (target input)
-    block: mx.array  # [N, A*B] block token ids: [anchor token, mask x (B-1)] per anchor
-    anchors: mx.array  # [N, A] absolute position of each block's first slot
-    labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
-    valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
-
-
-def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
-               mask_id: int, rng: np.random.Generator, pad_to: int = 32) -> Batch:
-    """Sample up to `n_anchors` distinct anchors per sequence inside its response. Short
-    responses repeat their first anchor with no loss, so every batch has one shape."""
-    B, A, N = block_size, n_anchors, len(idx)
-    longest = max(len(data.sequences[i]) for i in idx)
-    T = -(-longest // pad_to) * pad_to
-    tokens = np.zeros((N, T), np.int32)
-    anchors = np.zeros((N, A), np.int32)
-    real = np.zeros((N, A), bool)
-    for n, i in enumerate(idx):
-        seq, p = data.sequences[i], data.prompt_lens[i]
-        tokens[n, : len(seq)] = seq
-        cands = np.arange(p, len(seq) - 1)  # anchor + 1 must be a real token
-        pick = np.sort(rng.choice(cands, min(A, len(cands)), replace=False))
-        anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
-        real[n, : len(pick)] = True
-    lengths = np.array([len(data.sequences[i]) for i in idx])[:, None, None]
-    pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
-    valid = (pos < lengths) & real[:, :, None]
-    labels = np.take_along_axis(tokens, np.minimum(pos, T - 1).reshape(N, -1), 1).reshape(pos.shape)
-    block = np.full((N, A, B), mask_id, np.int32)
-    block[:, :, 0] = np.take_along_axis(tokens, anchors, 1)
-    return Batch(mx.array(tokens), mx.array(block.reshape(N, A * B)), mx.array(anchors),
-                 mx.array(labels), mx.array(valid.astype(np.float32)))
-
-
-def block_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
-    """The recipe's attention mask, bool [N, 1, A*B, ctx_len + A*B]: block a's queries see
-    context positions t < anchor_a and all B slots of block a (bidirectional), nothing else."""
-    N, A = anchors.shape
-    starts = mx.repeat(anchors, block_size, axis=1)  # [N, A*B]: each query's anchor
-    ctx = mx.arange(ctx_len)[None, None, :] < starts[:, :, None]
-    owner = mx.repeat(mx.arange(A), block_size)
-    own = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (N, A * block_size,
-                                                                         A * block_size))
-    return mx.concatenate([ctx, own], axis=-1)[:, None]
-
-
-def slot_weights(block_size: int, gamma: float) -> mx.array:
-    """exp(-(k-1)/gamma) for slots k = 1..B-1 (slot 0 carries the known token: no loss)."""
-    return mx.exp(-mx.arange(block_size - 1, dtype=mx.float32) / gamma)
-
-
-# -- the training forward: the draft's own modules under an explicit mask ------------------
-def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.array:
-    """RoPE at absolute positions anchor..anchor+B-1 for every block: fold the blocks into
-    the batch axis and give each its own offset."""
-    N, h, L, hd = x.shape
-    A = L // B
-    x = x.reshape(N, h, A, B, hd).transpose(0, 2, 1, 3, 4).reshape(N * A, h, B, hd)
-    x = rope(x, offset=anchors.reshape(-1))
-    return x.reshape(N, A, h, B, hd).transpose(0, 2, 1, 3, 4).reshape(N, h, L, hd)
-
-
-def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
-                     mask: mx.array) -> mx.array:
-    N, L, _ = x.shape
-    q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), attn.n_heads)),
-                     anchors, B)
-    k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), attn.n_kv_heads)),
-                     anchors, B)
-    v = attn._heads(attn.v_proj(x), attn.n_kv_heads)
-    ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
-    keys = mx.concatenate([ctx_k, k], axis=2)
-    values = mx.concatenate([ctx_v, v], axis=2)
-    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
-
-
-def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
-                  mask: mx.array) -> mx.array:
-    """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
-    `block_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
-    if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
-        raise NotImplementedError("training sliding-window draft layers is not supported")
-    B = draft.args.block_size
-    ctx = draft.project_context(taps)
-    h = block_emb
-    for layer in draft.layers:
-        h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
-                                 mask)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return draft.norm(h)
-
-
-def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
-    """Frozen target features of whole sequences (one forward, no gradient)."""
-    _, taps = target.forward(tokens, target.make_cache(), tap_ids, last_only=True)
-    return mx.stop_gradient(taps)
-
-
-Head = Callable[[mx.array], mx.array]
-
-
-def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
-    """The target's lm_head computed in `dtype` (bf16 on GPU: the vocab projection dominates
-    a training step). Validation keeps the exact head."""
-    if dtype == mx.float32:
-        return target.lm_head
-    outer = getattr(target.model, "language_model", target.model)
-    tied = getattr(target.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
-    w = (target.inner.embed_tokens if tied else outer.lm_head).weight
-    if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):  # quantized head: keep as is
-        return target.lm_head
-    w = w.astype(dtype)
-    mx.eval(w)
-    return lambda h: h.astype(dtype) @ w.T
-
-
-def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-                head: Head | None = None) -> mx.array:
-    """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
-    B = draft.args.block_size
-    N, A = batch.anchors.shape
-    mask = block_mask(batch.anchors, taps.shape[1], B)
-    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
-    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
-    return (head or target.lm_head)(hidden)
-
-
-def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-               weights: mx.array, head: Head | None = None) -> mx.array:
-    logits = slot_logits(draft, target, batch, taps, head).astype(mx.float32)
-    picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
-    ce = mx.logsumexp(logits, axis=-1) - picked
-    w = batch.valid * weights
-    return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
-
-
-def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
-    """Simulated greedy acceptance: per block 1 + the run of correct argmax predictions
-    from slot 1 (exact for greedy data). -> (sum over real blocks, number of blocks)."""
-    hit = (mx.argmax(logits, axis=-1) == batch.labels) * batch.valid
-    run = mx.cumprod(hit, axis=-1).sum(axis=-1)
-    real = batch.valid[:, :, 0]
-    return float(((1 + run) * real).sum()), int(real.sum())
 
 
 # -- draft construction -------------------------------------------------------------------
@@ -522,12 +211,12 @@ def build_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, say: Callable
 
 def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     """Generate (or load) data, train, checkpoint; -> the training log."""
-    from .loading import load_target
-    from .targets import adapter_for
+    from ..loading import load_target
+    from ..targets import adapter_for
 
     missing = [e for e in cfg.extra_data if not Path(e).is_file()]
     if missing:  # before minutes of loading and data generation, not after
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"--extra-data {missing[0]}: no such file (a .npz written by "
                           "train-draft, e.g. OUT/resume/data.npz)")
@@ -562,7 +251,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
     if cfg.init:
-        from .loading import load_draft_folder
+        from ..loading import load_draft_folder
 
         draft = load_draft_folder(Path(cfg.init), mx.float32)
         mask_id = draft.args.mask_token_id
@@ -729,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
 def train_draft_main(argv: Sequence[str] | None = None) -> int:
     import sys
 
-    from .errors import DFlashError
+    from ..errors import DFlashError
 
     args = vars(build_parser().parse_args(argv))
     try:
@@ -742,6 +431,3 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
         return 130
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(train_draft_main())

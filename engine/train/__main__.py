@@ -1,0 +1,3 @@
+from .loop import train_draft_main
+
+raise SystemExit(train_draft_main())

@@ -1,0 +1,82 @@
+"""Training sequences: the target's own answers to prompts, stored as token ids."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..loading import RANKING_FILE
+
+
+@dataclass
+class Dataset:
+    sequences: list[list[int]]  # prompt + response token ids
+    prompt_lens: list[int]
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lens))
+
+    def save(self, path: Path) -> None:
+        lens = np.array([len(s) for s in self.sequences], dtype=np.int64)
+        flat = np.array([t for s in self.sequences for t in s], dtype=np.int32)
+        if flat.size and flat.max() < 1 << 16:  # halves the file for vocabularies < 65536
+            flat = flat.astype(np.uint16)
+        np.savez_compressed(path, tokens=flat, lengths=lens,
+                            prompt_lens=np.array(self.prompt_lens),
+                            meta=np.array(json.dumps(self.meta)))
+
+    @classmethod
+    def load(cls, path: Path) -> Dataset:
+        z = np.load(path)
+        ends = np.cumsum(z["lengths"])
+        flat = z["tokens"].astype(np.int64).tolist()
+        seqs = [flat[e - n:e] for e, n in zip(ends.tolist(), z["lengths"].tolist())]
+        return cls(seqs, z["prompt_lens"].tolist(), json.loads(str(z["meta"])))
+
+    def split(self, n_val: int) -> tuple[Dataset, Dataset]:
+        """Hold out `n_val` sequences spread evenly over the file: generation runs in batches
+        of similar prompt length, so the tail alone would be one batch (often one template,
+        maybe an easy one) and overstate tokens/cycle."""
+        n_val = min(n_val, len(self) // 5)
+        held = set(np.linspace(0, len(self) - 1, n_val).round().astype(int).tolist())
+        kept = [i for i in range(len(self)) if i not in held]
+        return self.subset(kept), self.subset(sorted(held))
+
+    def subset(self, idx: Sequence[int]) -> Dataset:
+        return Dataset([self.sequences[i] for i in idx], [self.prompt_lens[i] for i in idx],
+                       self.meta)
+
+
+def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
+    """Token ids by how often they occur in the responses (prompts excluded: the draft
+    predicts answers), most frequent first, ties by id; unseen tokens are left out."""
+    flat = [t for d in datasets for s, p in zip(d.sequences, d.prompt_lens) for t in s[p:]]
+    counts = np.bincount(np.asarray(flat, dtype=np.int64)) if flat else np.zeros(0, np.int64)
+    seen = np.flatnonzero(counts)
+    return seen[np.argsort(-counts[seen], kind="stable")].tolist()
+
+
+def write_token_ranking(datasets: Sequence[Dataset], out_dir: Path | str, source: str) -> Path:
+    """OUT/token_ranking.json: the ranking the runtime's draft vocabulary is cut from."""
+    path = Path(out_dir) / RANKING_FILE
+    ids = token_ranking(datasets)
+    path.write_text(json.dumps({"version": 1, "source": source, "token_ids": ids}) + "\n")
+    return path
+
+
+def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
+    out = []
+    for messages in conversations:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+    return out

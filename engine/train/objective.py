@@ -1,0 +1,164 @@
+"""The DFlash training objective: anchored blocks, the block mask, the draft's training
+forward and the decay-weighted cross-entropy over slots 1..B-1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..draft import DFlashDraft
+from ..targets.base import TargetAdapter
+from .dataset import Dataset
+
+
+# -- batches of blocks --------------------------------------------------------------------
+@dataclass
+class Batch:
+    tokens: mx.array  # [N, T] right-padded sequences (target input)
+    block: mx.array  # [N, A*B] block token ids: [anchor token, mask x (B-1)] per anchor
+    anchors: mx.array  # [N, A] absolute position of each block's first slot
+    labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
+    valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
+
+
+def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
+               mask_id: int, rng: np.random.Generator, pad_to: int = 32) -> Batch:
+    """Sample up to `n_anchors` distinct anchors per sequence inside its response. Short
+    responses repeat their first anchor with no loss, so every batch has one shape."""
+    B, A, N = block_size, n_anchors, len(idx)
+    longest = max(len(data.sequences[i]) for i in idx)
+    T = -(-longest // pad_to) * pad_to
+    tokens = np.zeros((N, T), np.int32)
+    anchors = np.zeros((N, A), np.int32)
+    real = np.zeros((N, A), bool)
+    for n, i in enumerate(idx):
+        seq, p = data.sequences[i], data.prompt_lens[i]
+        tokens[n, : len(seq)] = seq
+        cands = np.arange(p, len(seq) - 1)  # anchor + 1 must be a real token
+        pick = np.sort(rng.choice(cands, min(A, len(cands)), replace=False))
+        anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
+        real[n, : len(pick)] = True
+    lengths = np.array([len(data.sequences[i]) for i in idx])[:, None, None]
+    pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
+    valid = (pos < lengths) & real[:, :, None]
+    labels = np.take_along_axis(tokens, np.minimum(pos, T - 1).reshape(N, -1), 1).reshape(pos.shape)
+    block = np.full((N, A, B), mask_id, np.int32)
+    block[:, :, 0] = np.take_along_axis(tokens, anchors, 1)
+    return Batch(mx.array(tokens), mx.array(block.reshape(N, A * B)), mx.array(anchors),
+                 mx.array(labels), mx.array(valid.astype(np.float32)))
+
+
+def block_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
+    """The recipe's attention mask, bool [N, 1, A*B, ctx_len + A*B]: block a's queries see
+    context positions t < anchor_a and all B slots of block a (bidirectional), nothing else."""
+    N, A = anchors.shape
+    starts = mx.repeat(anchors, block_size, axis=1)  # [N, A*B]: each query's anchor
+    ctx = mx.arange(ctx_len)[None, None, :] < starts[:, :, None]
+    owner = mx.repeat(mx.arange(A), block_size)
+    own = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (N, A * block_size,
+                                                                         A * block_size))
+    return mx.concatenate([ctx, own], axis=-1)[:, None]
+
+
+def slot_weights(block_size: int, gamma: float) -> mx.array:
+    """exp(-(k-1)/gamma) for slots k = 1..B-1 (slot 0 carries the known token: no loss)."""
+    return mx.exp(-mx.arange(block_size - 1, dtype=mx.float32) / gamma)
+
+
+# -- the training forward: the draft's own modules under an explicit mask ------------------
+def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.array:
+    """RoPE at absolute positions anchor..anchor+B-1 for every block: fold the blocks into
+    the batch axis and give each its own offset."""
+    N, h, L, hd = x.shape
+    A = L // B
+    x = x.reshape(N, h, A, B, hd).transpose(0, 2, 1, 3, 4).reshape(N * A, h, B, hd)
+    x = rope(x, offset=anchors.reshape(-1))
+    return x.reshape(N, A, h, B, hd).transpose(0, 2, 1, 3, 4).reshape(N, h, L, hd)
+
+
+def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
+                     mask: mx.array) -> mx.array:
+    N, L, _ = x.shape
+    q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), attn.n_heads)),
+                     anchors, B)
+    k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), attn.n_kv_heads)),
+                     anchors, B)
+    v = attn._heads(attn.v_proj(x), attn.n_kv_heads)
+    ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
+    keys = mx.concatenate([ctx_k, k], axis=2)
+    values = mx.concatenate([ctx_v, v], axis=2)
+    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+
+
+def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
+                  mask: mx.array) -> mx.array:
+    """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
+    `block_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
+    if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
+        raise NotImplementedError("training sliding-window draft layers is not supported")
+    B = draft.args.block_size
+    ctx = draft.project_context(taps)
+    h = block_emb
+    for layer in draft.layers:
+        h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
+                                 mask)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return draft.norm(h)
+
+
+def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
+    """Frozen target features of whole sequences (one forward, no gradient)."""
+    _, taps = target.forward(tokens, target.make_cache(), tap_ids, last_only=True)
+    return mx.stop_gradient(taps)
+
+
+Head = Callable[[mx.array], mx.array]
+
+
+def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
+    """The target's lm_head computed in `dtype` (bf16 on GPU: the vocab projection dominates
+    a training step). Validation keeps the exact head."""
+    if dtype == mx.float32:
+        return target.lm_head
+    outer = getattr(target.model, "language_model", target.model)
+    tied = getattr(target.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
+    w = (target.inner.embed_tokens if tied else outer.lm_head).weight
+    if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):  # quantized head: keep as is
+        return target.lm_head
+    w = w.astype(dtype)
+    mx.eval(w)
+    return lambda h: h.astype(dtype) @ w.T
+
+
+def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+                head: Head | None = None) -> mx.array:
+    """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
+    B = draft.args.block_size
+    N, A = batch.anchors.shape
+    mask = block_mask(batch.anchors, taps.shape[1], B)
+    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
+    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
+    return (head or target.lm_head)(hidden)
+
+
+def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+               weights: mx.array, head: Head | None = None) -> mx.array:
+    logits = slot_logits(draft, target, batch, taps, head).astype(mx.float32)
+    picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
+    ce = mx.logsumexp(logits, axis=-1) - picked
+    w = batch.valid * weights
+    return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
+
+
+def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
+    """Simulated greedy acceptance: per block 1 + the run of correct argmax predictions
+    from slot 1 (exact for greedy data). -> (sum over real blocks, number of blocks)."""
+    hit = (mx.argmax(logits, axis=-1) == batch.labels) * batch.valid
+    run = mx.cumprod(hit, axis=-1).sum(axis=-1)
+    real = batch.valid[:, :, 0]
+    return float(((1 + run) * real).sum()), int(real.sum())
