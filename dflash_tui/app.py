@@ -60,7 +60,8 @@ class DFlashChatApp(App[None]):
         Binding("ctrl+l", "conversations", "Chats", id="app.conversations"),
         Binding("ctrl+n", "new_conversation", "New", id="app.new_conversation"),
         Binding("f5", "settings", "Settings", id="app.settings"),
-        Binding("ctrl+e", "export", "Export", id="app.export"),
+        # priority: the prompt's TextArea would take Ctrl+E (end of line) first.
+        Binding("ctrl+e", "export", "Export", id="app.export", priority=True),
     ]
 
     def __init__(
@@ -320,6 +321,14 @@ class DFlashChatApp(App[None]):
         yield SystemCommand("Reply: stop", "Stop streaming, keep the text (Esc)", chat.action_stop)
         yield SystemCommand(
             "Reply: copy last", "Copy the last reply (Ctrl+Y)", chat.action_copy_last
+        )
+        yield SystemCommand(
+            "Reply: regenerate", "Replace the last reply with a new one (Ctrl+R)",
+            chat.action_regenerate,
+        )
+        yield SystemCommand(
+            "Message: edit last", "Edit and resend your last message (Ctrl+G)",
+            chat.action_edit_last,
         )
         yield SystemCommand(
             "View: toggle draft colours",

@@ -281,6 +281,11 @@ class Store:
             (content, status, json.dumps(stats) if stats is not None else None, message_id),
         )
 
+    def delete_messages(self, message_ids: list[int]) -> None:
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in message_ids])
+
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute(
             "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)

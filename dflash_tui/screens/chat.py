@@ -44,6 +44,14 @@ class ChatScreen(Screen):
         ),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar", priority=True),
         Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True),
+        Binding(
+            "ctrl+r", "regenerate", "Regenerate reply", id="chat.regenerate", priority=True,
+            show=False,
+        ),
+        Binding(
+            "ctrl+g", "edit_last", "Edit last message", id="chat.edit_last", priority=True,
+            show=False,
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -64,6 +72,7 @@ class ChatScreen(Screen):
         self.reply_db_id: int | None = None
         self._last_flush = 0.0
         self._auto_compact = False
+        self.editing: list[int] = []  # message ids the prompt's text will replace when sent
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -141,20 +150,30 @@ class ChatScreen(Screen):
             self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
             return
         event.prompt.clear()
+        if self.editing:
+            # Replaced only now, when the edited text is sent: a cancelled edit loses nothing.
+            await self._drop_messages(self.editing)
+            self.editing = []
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
         app = self.app
         store = app.store
         cid = app.begin_conversation(text)
-        chat = app.effective()
         # The user turn is committed before the engine sees it: a crash cannot lose it.
         user_row = store.add_message(cid, "user", text)
         transcript = self.query_one(Transcript)
         user_view = MessageView("user", text)
         user_view.message_id = user_row.id
         await transcript.add(user_view)
+        await self._reply(cid)
 
+    async def _reply(self, cid: int) -> None:
+        """Stream a new assistant turn for the conversation as stored."""
+        app = self.app
+        store = app.store
+        chat = app.effective()
+        transcript = self.query_one(Transcript)
         prompt = self._prompt_for(cid, chat.system_prompt)
         reply_row = store.add_message(cid, "assistant", "", status="streaming")
         view = MessageView("assistant", "", "streaming")
@@ -268,13 +287,60 @@ class ChatScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            # Only claim Esc while a reply streams, so modals and the input keep their own Esc.
-            return self.active is not None
+            # Only claim Esc while a reply streams (or an edit is open), so modals and the
+            # input keep their own Esc.
+            return self.active is not None or bool(self.editing)
         return True
+
+    async def _drop_messages(self, ids: list[int]) -> None:
+        self.app.store.delete_messages(ids)
+        for view in self.query_one(Transcript).messages():
+            if view.message_id in ids:
+                await view.remove()
+
+    async def action_regenerate(self) -> None:
+        """Replace the last reply with a new one (the conversation before it is unchanged)."""
+        cid = self.app.conversation_id
+        if self.active is not None or cid is None:
+            self.notify("Nothing to regenerate yet." if cid is None else
+                        "A reply is still streaming: press Esc to stop it first.", timeout=3)
+            return
+        messages = self.app.store.messages(cid)
+        if not messages or messages[-1].role != "assistant":
+            self.notify("The last message is not a reply: send a message instead.", timeout=3)
+            return
+        await self._drop_messages([messages[-1].id])
+        await self._reply(cid)
+
+    def action_edit_last(self) -> None:
+        """Put the last message you sent back in the prompt; Enter resends it in place of the
+        old one and its reply, Esc keeps things as they were."""
+        cid = self.app.conversation_id
+        if self.active is not None:
+            self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
+            return
+        messages = self.app.store.messages(cid) if cid is not None else []
+        users = [m for m in messages if m.role == "user"]
+        if not users:
+            self.notify("No message of yours to edit yet.", timeout=3)
+            return
+        last = users[-1]
+        self.editing = [m.id for m in messages if m.id >= last.id]
+        prompt = self.query_one(PromptInput)
+        prompt.clear()
+        prompt.insert(last.content)
+        prompt.focus()
+        self.refresh_bindings()
+        self.notify("Editing your last message: Enter resends it (replacing it and its reply), "
+                    "Esc cancels.", timeout=5)
 
     async def action_stop(self) -> None:
         """Stop at once: the UI finalises now; late batches from the engine are ignored."""
         if self.active is None:
+            if self.editing:  # Esc cancels an edit and leaves the conversation as it was
+                self.editing = []
+                self.query_one(PromptInput).clear()
+                self.refresh_bindings()
             return
         self.app.worker.cancel(self.active.request_id)
         await self._finish_reply("stopped", "stopped by you (Esc)", {})

@@ -185,7 +185,8 @@ class StatsSidebar(VerticalScroll):
             grid.add_row(label, value)
 
         if s is None:
-            for label in ("acceptance", "tokens/cycle", "tok/s", "TTFT", "prefill tok/s", "cycles"):
+            for label in ("acceptance", "tokens/cycle", "tok/s", "prefill (TTFT)", "cached",
+                          "prefill tok/s", "cycles"):
                 row(label, "—")
             row("context", f"0 / {self.info.get('max_ctx', '—')}")
             row("peak memory", "—")
@@ -193,7 +194,11 @@ class StatsSidebar(VerticalScroll):
             row("acceptance", f"{s.acceptance_rate:.1%}")
             row("tokens/cycle", f"{s.tokens_per_cycle:.2f}")
             row("tok/s", f"{s.tokens_per_second:.1f}")
-            row("TTFT", f"{s.ttft_s * 1000:.0f} ms")
+            row("prefill (TTFT)", f"{s.ttft_s * 1000:.0f} ms")
+            # Prompt tokens the engine resumed from its conversation cache instead of
+            # prefilling again (engine stats without the field: nothing cached).
+            cached = getattr(s, "cached_tokens", 0)
+            row("cached", f"{cached} / {s.prompt_tokens} tokens")
             row("prefill tok/s", f"{s.prefill_tokens_per_second:.0f}")
             row("cycles", f"{s.cycles}")
             row("context", f"{s.ctx_used} / {s.max_ctx}")

@@ -155,3 +155,44 @@ async def test_prompt_longer_than_max_ctx_is_refused_clearly(make_app):
         await send(pilot, "short")
         await wait_for(pilot, lambda: app.chat.active is None and replies(app)
                        and replies(app)[-1].status in ("done", "length"))
+
+
+async def test_regenerate_replaces_the_last_reply(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        old = app.store.messages(app.conversation_id)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.chat.active is None and replies(app)
+                       and replies(app)[-1].status in ("done", "length"))
+        new = app.store.messages(app.conversation_id)
+        assert [m.role for m in new] == ["user", "assistant"]
+        assert new[0] == old[0]  # the user's turn is untouched
+        assert new[1].created_at > old[1].created_at  # a new reply, not the old one kept
+        assert new[1].content == old[1].content  # greedy decoding: the same text again
+        assert len(replies(app)) == 1
+
+
+async def test_edit_and_resend_the_last_message(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "tpyo here")
+        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        prompt = app.chat.query_one(PromptInput)
+        await pilot.press("ctrl+g")
+        assert prompt.text == "tpyo here"
+        await pilot.press("escape")  # cancel: nothing changes
+        assert prompt.text == "" and len(app.store.messages(app.conversation_id)) == 2
+        await pilot.press("ctrl+g")
+        prompt.clear()
+        await send(pilot, "typo fixed")
+        await wait_for(pilot, lambda: app.chat.active is None and replies(app)
+                       and replies(app)[-1].status in ("done", "length"))
+        stored = app.store.messages(app.conversation_id)
+        assert [(m.role, m.content) for m in stored][0] == ("user", "typo fixed")
+        assert [m.role for m in stored] == ["user", "assistant"]
+        users = [v.content for v in app.chat.query(MessageView) if v.role == "user"]
+        assert users == ["typo fixed"]
