@@ -61,7 +61,7 @@ class DFlashChatApp(App[None]):
         Binding("ctrl+n", "new_conversation", "New", id="app.new_conversation"),
         Binding("f5", "settings", "Settings", id="app.settings"),
         # priority: the prompt's TextArea would take Ctrl+E (end of line) first.
-        Binding("ctrl+e", "export", "Export", id="app.export", priority=True),
+        Binding("ctrl+e", "export", "Export", id="app.export", priority=True, show=False),
     ]
 
     def __init__(
