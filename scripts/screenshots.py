@@ -29,7 +29,7 @@ FONT_PX = 16
 STAND_INS = {"\u2b58": "\u25cb"}  # glyphs no DejaVu font has -> the nearest one it has
 
 
-async def wait(cond, timeout: float = 120.0) -> None:
+async def wait(cond, timeout: float = 900.0) -> None:  # a busy CPU on --real is slow
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not cond():
