@@ -13,6 +13,7 @@ from dflash_tui import __version__, config
 EPILOG = """\
 keys (F1 in the app lists all, with binding ids):
   Enter send · Shift+Enter / Ctrl+J newline · Esc stop reply (keeps the partial text)
+  Ctrl+R regenerate last reply · Ctrl+G edit and resend your last message
   Ctrl+Y copy last reply · c copy focused message · Ctrl+T colour draft-accepted tokens
   Ctrl+B sidebar · Ctrl+O compact speed line · F2 model pairs · Ctrl+L conversations
   Ctrl+N new chat · F5 conversation settings · Ctrl+E export Markdown · Ctrl+P command palette
@@ -23,6 +24,7 @@ files:
   exports   {data}/exports/
   log       {data}/dflash-chat.log
   config    {config}   (override dir: ${config_env})
+            rebind keys by binding id in its [keymap] table, e.g. "chat.stop" = "ctrl+s"
 
 examples:
   dflash-chat                                   offline default pair (SmolLM2-135M + bundled draft)
