@@ -30,6 +30,8 @@ def human_bytes(n: int) -> str:
 def speed_line(stats: Any) -> str:
     if stats is None:
         return "— tok/s · acceptance — · tokens/cycle —"
+    if not stats.speculative:  # the sidebar says why; this line at least says that it is off
+        return f"{stats.tokens_per_second:.1f} tok/s · speculation off (target alone)"
     return (
         f"{stats.tokens_per_second:.1f} tok/s · acceptance {stats.acceptance_rate:.0%}"
         f" · {stats.tokens_per_cycle:.2f} tokens/cycle"

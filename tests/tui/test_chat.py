@@ -92,6 +92,9 @@ async def test_history_persists_across_restart(make_app, isolated_dirs):
         await wait_for(pilot, lambda: app2.chat.active is None and len(replies(app2)) == 2)
         assert len(app2.store.list_conversations()) == 1
         assert len(app2.store.messages(app2.conversation_id)) == 4
+        # The conversation records the pair it talked to.
+        conv = app2.store.get_conversation(app2.conversation_id)
+        assert (conv.model, conv.draft) == (app2.info["target"], app2.info["draft"])
 
 
 async def test_export_writes_markdown(make_app):

@@ -88,6 +88,8 @@ async def test_sidebar_says_why_speculation_is_off():
         speculation = str(app.chat.query_one("#speculation").render())
         assert speculation == f"speculation off: {reason}"
         assert "target only" in replies(app)[-1].footer_text
+        speed = str(app.chat.query_one("#speed").render())
+        assert speed.endswith("speculation off (target alone)")
         # No draft at all says so too.
         sidebar = app.chat.query_one(StatsSidebar)
         sidebar.set_info({"target": "Qwen/Qwen3-4B", "draft": None})
