@@ -43,7 +43,10 @@ class ChatScreen(Screen):
             "ctrl+t", "toggle_colours", "Draft colours", id="chat.toggle_colours", priority=True
         ),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar", priority=True),
-        Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True),
+        Binding(  # out of the footer: F1 and F2 must fit in 80 columns
+            "ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True,
+            show=False,
+        ),
         Binding(
             "ctrl+r", "regenerate", "Regenerate reply", id="chat.regenerate", priority=True,
             show=False,
