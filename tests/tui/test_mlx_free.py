@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(
 
     from dflash_tui.firstrun import PREFIX, fetch_offline_model
     fetch_offline_model(lambda t, f: seen.append(t),
-                        [sys.executable, "-c", f"print({PREFIX!r} + 'cached')"])
+                        [sys.executable, "-c", f"print({PREFIX!r} + '[\\"cached\\", 1.0]')"])
 
     from dflash_tui.backends import FakeBackend
     fake = FakeBackend()
