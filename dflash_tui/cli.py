@@ -97,11 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.demo:
-        # Linux CPU: re-run with OpenBLAS preloaded (15x faster matmuls) before any engine
-        # work; the engine owns that decision, and this is the only place the CLI calls it.
-        from engine.blas import ensure_fast_blas
-
-        ensure_fast_blas(sys.argv[1:] if argv is None else list(argv))
+        # Importing the engine loads a fast BLAS on Linux CPU (engine/blas.py): here, before
+        # the screen is taken, so that a warning about it stays readable.
+        import engine  # noqa: F401
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.backends import FakeBackend, RealBackend
     from dflash_tui.store import HistoryUnavailable, SchemaTooNew, unwritable
