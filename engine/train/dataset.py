@@ -52,6 +52,13 @@ class Dataset:
         kept = [i for i in range(len(self)) if i not in held]
         return self.subset(kept), self.subset(sorted(held))
 
+    @classmethod
+    def concat(cls, parts: Sequence[Dataset]) -> Dataset:
+        """One dataset of `parts` in order; meta keeps each part's, under "parts"."""
+        return cls([s for d in parts for s in d.sequences],
+                   [p for d in parts for p in d.prompt_lens],
+                   {"parts": [{**d.meta, "sequences": len(d)} for d in parts]})
+
     def subset(self, idx: Sequence[int]) -> Dataset:
         return Dataset([self.sequences[i] for i in idx], [self.prompt_lens[i] for i in idx],
                        self.meta)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,6 +66,13 @@ class TrainConfig:
     prompt_seed: int = 0
     data: str | None = None
     extra_data: list[str] = field(default_factory=list)  # more .npz datasets to train on
+    heldout: str | None = None  # held-out real-prompt answers (default: beside --data)
+    prompts_file: str | None = None  # real prompts (JSONL): the mix in train/mix.py
+    prompt_slice: str = "0/1"  # K/N: this run answers slice K of N disjoint prompt slices
+    eval_dir: str | None = None  # evaluation sets the prompts are decontaminated against
+    collect_only: bool = False  # generate the data, then stop
+    gen_dtype: str | None = None  # target dtype for data generation (default: --dtype)
+    gen_token_budget: int = 1 << 18  # prompt + answer tokens per generation batch
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
     checkpoint_every: int = 500
@@ -121,6 +130,21 @@ def draft_args_for(target: TargetAdapter, cfg: TrainConfig, mask_id: int) -> Dra
         max_position_embeddings=int(getattr(targs, "max_position_embeddings", 8192) or 8192),
         vocab_size=target.vocab_size,
     )
+
+
+def grow_draft(draft: DFlashDraft, depth: int) -> DFlashDraft:
+    """`draft` with layers appended up to `depth`, each new one an identity at first (zero
+    output projections: its residual branches add nothing), so training a deeper draft
+    starts from what the shallower one already predicts."""
+    if draft.args.layer_types:
+        raise NotImplementedError("growing drafts with per-layer types is not supported")
+    grown = DFlashDraft(dataclasses.replace(draft.args, num_hidden_layers=depth))
+    grown.update(tree_unflatten([(k, v) for k, v in tree_flatten(draft.parameters())]),
+                 strict=False)
+    for layer in grown.layers[draft.args.num_hidden_layers:]:
+        layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    return grown
 
 
 def save_checkpoint(draft: DFlashDraft, out: Path, dtype: mx.Dtype) -> None:
@@ -194,18 +218,38 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
             "blocks": blocks}
 
 
-def build_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, say: Callable) -> Dataset:
-    from .prompts import build_prompts
+def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: Path,
+                 heldout_path: Path, say: Callable) -> Dataset:
+    """The target's answers: to the real-prompt mix when --prompts-file is given (phases
+    saved beside `data_path`, so an interrupted run resumes), else to the templated set."""
+    if cfg.gen_dtype and cfg.gen_dtype != cfg.dtype:
+        from ..loading import load_target
 
-    prompts = build_prompts(cfg.num_prompts, cfg.prompt_seed)
-    ids = encode_prompts(tokenizer, [m for _, m in prompts])
-    with _progress(cfg.progress) as bar:
-        task = bar.add_task("generating responses", total=len(ids))
-        data = generate_dataset(model, tokenizer, ids, cfg.max_len, cfg.gen_batch,
-                                cfg.gen_seconds, lambda k: bar.advance(task, k))
-    data.meta.update(prompts=len(prompts), prompt_seed=cfg.prompt_seed)
-    say(f"data: {len(data)} sequences, {data.response_tokens} response tokens in "
-        f"{data.meta['seconds']:.0f}s")
+        model, tokenizer, _ = load_target(cfg.model, cfg.gen_dtype)
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.prompts_file:
+        from .collect import Collector, MixConfig
+
+        index, count = (int(x) for x in cfg.prompt_slice.split("/"))
+        mix = MixConfig(cfg.prompts_file, cfg.num_prompts, cfg.max_len, cfg.gen_batch,
+                        cfg.gen_token_budget, cfg.gen_seconds, cfg.prompt_seed, (index, count),
+                        cfg.eval_dir)
+        data, heldout = Collector(model, tokenizer, mix, data_path.parent / "phases",
+                                  say).run()
+        heldout.save(heldout_path)
+    else:
+        from .prompts import build_prompts
+
+        prompts = build_prompts(cfg.num_prompts, cfg.prompt_seed)
+        ids = encode_prompts(tokenizer, [m for _, m in prompts])
+        with _progress(cfg.progress) as bar:
+            task = bar.add_task("generating responses", total=len(ids))
+            data = generate_dataset(model, tokenizer, ids, cfg.max_len, cfg.gen_batch,
+                                    cfg.gen_seconds, lambda k: bar.advance(task, k),
+                                    cfg.gen_token_budget)
+        data.meta.update(prompts=len(prompts), prompt_seed=cfg.prompt_seed)
+    data.save(data_path)
+    say(f"data: {len(data)} sequences, {data.response_tokens} response tokens")
     return data
 
 
@@ -220,6 +264,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
 
         raise ConfigError(f"--extra-data {missing[0]}: no such file (a .npz written by "
                           "train-draft, e.g. OUT/resume/data.npz)")
+    if not re.fullmatch(r"\d+/[1-9]\d*", cfg.prompt_slice) or (
+            int(cfg.prompt_slice.split("/")[0]) >= int(cfg.prompt_slice.split("/")[1])):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--prompt-slice {cfg.prompt_slice}: expected K/N with 0 <= K < N, "
+                          "e.g. 0/2")
+    if cfg.prompts_file and not Path(cfg.prompts_file).is_file():
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--prompts-file {cfg.prompts_file}: no such file (a JSONL(.gz) of "
+                          "records with id, prompt, source)")
     t0 = time.perf_counter()
     mx.random.seed(cfg.seed)
     out = Path(cfg.out)
@@ -232,20 +287,30 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     say(f"target {model_id}: {target.num_layers} layers, hidden {target.hidden_size}")
 
     data_path = Path(cfg.data) if cfg.data else out / "resume" / "data.npz"
+    heldout_path = Path(cfg.heldout) if cfg.heldout else data_path.with_name("heldout.npz")
     if data_path.is_file():
         data = Dataset.load(data_path)
         say(f"data: reusing {data_path} ({len(data)} sequences)")
     else:
-        data = build_data(model, tokenizer, cfg, say)
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        data.save(data_path)
+        data = collect_data(model, tokenizer, cfg, data_path, heldout_path, say)
     gen_s = time.perf_counter() - t0
-    train_set, val_set = data.split(cfg.val_size)
-    for extra in cfg.extra_data:  # training only: validation stays on the main data
-        more = Dataset.load(Path(extra))
-        train_set = Dataset(more.sequences + train_set.sequences,
-                            more.prompt_lens + train_set.prompt_lens, train_set.meta)
-        say(f"data: + {len(more)} sequences from {extra}")
+    if cfg.collect_only:
+        return {"data": data.meta, "sequences": len(data), "seconds": gen_s}
+    # every data file keeps its own validation split; the held-out real prompts (never
+    # trained on in any stage) are the figure that counts
+    val_sets: dict[str, Dataset] = {}
+    if heldout_path.is_file():
+        val_sets["heldout"] = Dataset.load(heldout_path)
+    train_parts = []
+    for path in [data_path, *map(Path, cfg.extra_data)]:
+        part = data if path == data_path else Dataset.load(path)
+        kept, val = part.split(cfg.val_size)
+        train_parts.append(kept)
+        val_sets[path.name] = val
+        say(f"data: {len(kept)} training + {len(val)} validation sequences from {path}")
+    train_set = Dataset.concat(train_parts)
+    val_name = "heldout" if "heldout" in val_sets else data_path.name
+    val_set = val_sets[val_name]
 
     mask_id = cfg.mask_token_id
     if mask_id is None:
@@ -256,6 +321,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         draft = load_draft_folder(Path(cfg.init), mx.float32)
         mask_id = draft.args.mask_token_id
         say(f"initialised from {cfg.init}")
+        if cfg.depth > draft.args.num_hidden_layers:
+            say(f"grown from {draft.args.num_hidden_layers} to {cfg.depth} layers")
+            draft = grow_draft(draft, cfg.depth)
     else:
         draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
         # Start the output norm at the target's final norm: the draft's hidden states feed
@@ -327,9 +395,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                        "seconds": time.perf_counter() - train_start})
             if step % cfg.val_every == 0 or step == total:
                 v = validate(draft, target, val_set, cfg, weights)
-                log["val"].append({"step": step, **v})
-                say(f"step {step}: loss {np.mean(losses[-50:]):.3f}  val loss {v['loss']:.3f}  "
-                    f"val tokens/cycle {v['tokens_per_cycle']:.2f}")
+                log["val"].append({"step": step, "set": val_name, **v})
+                say(f"step {step}: loss {np.mean(losses[-50:]):.3f}  {val_name} loss "
+                    f"{v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
             if step % cfg.checkpoint_every == 0 or step == total:
                 save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
                 save_state(optimizer, draft, step, total, state_dir)
@@ -340,7 +408,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     write_token_ranking([train_set], out, f"dflash train-draft: response-token counts of the "
                         f"training sequences ({len(train_set)}, validation held out) of {files}")
     final = validate(draft, target, val_set, cfg, weights)
-    log["final_val"] = final
+    log["final_val"] = {"set": val_name, **final}
+    log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
+                             for name, v in val_sets.items() if len(v)}
     _write_log(log, log_path, step, total, gen_s, train_start, t0)
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f}, "
         f"checkpoint {out}")
@@ -394,6 +464,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="dataset .npz to reuse (or to write, if missing)")
     p.add_argument("--extra-data", action="append", default=[], metavar="NPZ",
                    help="another dataset to train on too (repeatable; not validated on)")
+    p.add_argument("--heldout", metavar="NPZ",
+                   help="held-out real-prompt answers to validate on (default: beside --data)")
+    p.add_argument("--prompts-file", metavar="JSONL",
+                   help="real prompts to answer (records with id, prompt, source, turns)")
+    p.add_argument("--prompt-slice", default=d.prompt_slice, metavar="K/N",
+                   help="answer slice K of N disjoint slices of the prompts")
+    p.add_argument("--eval-dir", metavar="DIR",
+                   help="evaluation sets (mt_bench.jsonl, ...) to decontaminate against")
+    p.add_argument("--collect-only", action="store_true", help="generate the data and stop")
+    p.add_argument("--gen-dtype", help="target dtype for data generation (default: --dtype)")
+    p.add_argument("--gen-token-budget", type=int, default=d.gen_token_budget,
+                   help="prompt + answer tokens per generation batch (bounds the KV cache)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
     p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)

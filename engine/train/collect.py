@@ -1,0 +1,236 @@
+"""One data run: the target answers the prompt mix (see `mix`) in phases, each saved when it
+ends, so an interrupted run resumes at the phase it was in.
+
+Phases, in order: `heldout` (a fixed sample of held-out real prompts, for validation only),
+`single` (first turns of real prompts, weighted by source), `multiturn` (multi-turn records
+replayed turn by turn with the target's own answers), `magpie` (user turns the target writes
+itself, then answers) and `templated` (the seeded template generator). Each phase gets its
+share of the time budget plus what earlier phases left unused.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .dataset import Dataset, encode_prompts
+from .generate import answer_prompts, cut_loops
+from .mix import (
+    MAGPIE_STEERS,
+    Decontaminator,
+    PromptRecord,
+    eval_texts,
+    first_turn_messages,
+    in_slice,
+    is_held_out,
+    load_records,
+    magpie_prefix,
+    sample_by_source,
+    usable,
+)
+
+PHASES = ("heldout", "single", "multiturn", "magpie", "templated")
+TIME_SHARES = {"heldout": 0.03, "single": 0.47, "multiturn": 0.2, "magpie": 0.2,
+               "templated": 0.1}
+
+
+@dataclass
+class MixConfig:
+    prompts_file: str
+    num_prompts: int  # first turns of real prompts; the other phases are sized from it
+    max_new: int = 1024
+    batch: int = 512
+    token_budget: int = 1 << 21
+    seconds: float | None = None
+    seed: int = 0
+    slice: tuple[int, int] = (0, 1)  # (index, count): disjoint prompt slices per run
+    eval_dir: str | None = None  # evaluation sets to decontaminate against
+    heldout_size: int = 256
+    multiturn_share: float = 0.1  # multi-turn records, as a share of num_prompts
+    magpie_share: float = 0.2
+    templated_share: float = 0.1
+    max_turns: int = 4
+    max_prompt_len: int = 1536
+    loop_keep: int = 16
+
+
+class Collector:
+    """Runs the phases on one target; `say` reports progress lines."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, cfg: MixConfig, state_dir: Path,
+                 say: Callable[[str], None] = print):
+        self.model, self.tokenizer, self.cfg, self.say = model, tokenizer, cfg, say
+        self.state_dir = state_dir
+        self.rng = random.Random(cfg.seed)
+        self.eos = set(tokenizer.eos_token_ids)
+        self.deadline = time.perf_counter() + cfg.seconds if cfg.seconds else None
+
+    # -- helpers -----------------------------------------------------------------------
+    def _answer(self, prompts: list[list[int]], seconds: float | None, max_new: int | None = None,
+                temperature: float = 0.0) -> dict[int, list[int]]:
+        cfg = self.cfg
+        loops = temperature == 0.0
+        answers = answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
+                                 cfg.batch, seconds, token_budget=cfg.token_budget,
+                                 temperature=temperature, stop_loops=loops)
+        if loops and answers:
+            keys = sorted(answers)
+            answers = dict(zip(keys, cut_loops([answers[k] for k in keys], cfg.loop_keep)))
+        return answers
+
+    def _encode(self, conversations: list[list[dict]]) -> list[list[int]]:
+        return encode_prompts(self.tokenizer, conversations)
+
+    def _dataset(self, prompts: list[list[int]], answers: dict[int, list[int]],
+                 phase: str) -> Dataset:
+        seqs, plens = [], []
+        for i in sorted(answers):
+            if len(answers[i]) >= 2:  # an anchor needs a label after it
+                seqs.append(prompts[i] + answers[i])
+                plens.append(len(prompts[i]))
+        return Dataset(seqs, plens, {"phase": phase})
+
+    def _fits(self, ids: list[int]) -> bool:
+        return len(ids) <= self.cfg.max_prompt_len
+
+    # -- phases ------------------------------------------------------------------------
+    def heldout(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
+        pool = [r for r in records if is_held_out(r.id)]
+        picked = sample_by_source(pool, self.cfg.heldout_size, seed=1234)  # same every run
+        rng = random.Random(1234)
+        prompts = self._encode([first_turn_messages(r, rng) for r in picked])
+        keep = [i for i, p in enumerate(prompts) if self._fits(p)]
+        prompts = [prompts[i] for i in keep]
+        data = self._dataset(prompts, self._answer(prompts, seconds), "heldout")
+        data.meta["ids"] = [picked[i].id for i in keep]
+        return data
+
+    def single(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
+        picked = sample_by_source(records, self.cfg.num_prompts, self.cfg.seed)
+        prompts = self._encode([first_turn_messages(r, self.rng) for r in picked])
+        prompts = [p for p in prompts if self._fits(p)]
+        return self._dataset(prompts, self._answer(prompts, seconds), "single")
+
+    def multiturn(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
+        """Replay each record's user turns one at a time, feeding back the target's own
+        answers, so the draft sees the context of turn 2 and later."""
+        cfg = self.cfg
+        pool = [r for r in records if len(r.turns) > 1]
+        self.rng.shuffle(pool)
+        pool = pool[:max(1, int(cfg.num_prompts * cfg.multiturn_share))]
+        start = time.perf_counter()
+        chats = {i: [] for i in range(len(pool))}
+        seqs, plens = [], []
+        for turn in range(cfg.max_turns):
+            live = [i for i in chats if turn < len(pool[i].turns)]
+            convs = [chats[i] + [{"role": "user", "content": pool[i].turns[turn]}]
+                     for i in live]
+            prompts = self._encode(convs)
+            keep = [k for k, p in enumerate(prompts) if self._fits(p)]
+            left = None if seconds is None else seconds - (time.perf_counter() - start)
+            if not keep or (left is not None and left <= 0):
+                break
+            answers = self._answer([prompts[k] for k in keep], left)
+            next_chats = {}
+            for j, k in enumerate(keep):
+                if j not in answers:
+                    continue
+                reply = answers[j]
+                if len(reply) >= 2:
+                    seqs.append(prompts[k] + reply)
+                    plens.append(len(prompts[k]))
+                text = self.tokenizer.decode([t for t in reply if t not in self.eos])
+                next_chats[live[k]] = convs[k] + [{"role": "assistant", "content": text}]
+            chats = next_chats
+        return Dataset(seqs, plens, {"phase": "multiturn", "records": len(pool)})
+
+    def magpie(self, decon: Decontaminator | None, seconds: float | None) -> Dataset:
+        """User turns written by the target (sampled after the template's user header, some
+        steered by a system prompt), then answered greedily like real prompts."""
+        cfg = self.cfg
+        n = max(1, int(cfg.num_prompts * cfg.magpie_share))
+        mx.random.seed(cfg.seed)
+        steers = [MAGPIE_STEERS[k % len(MAGPIE_STEERS)] for k in range(n)]
+        prefixes = {s: magpie_prefix(self.tokenizer, s) for s in MAGPIE_STEERS}
+        start = time.perf_counter()
+        asks = self._answer([prefixes[s] for s in steers],
+                            None if seconds is None else seconds / 4, max_new=160,
+                            temperature=1.0)
+        texts, seen = [], set()
+        for reply in asks.values():
+            if not reply or reply[-1] not in self.eos or len(reply) < 4:
+                continue  # unfinished or empty user turns
+            text = self.tokenizer.decode(reply[:-1]).strip()
+            if text and text not in seen and (decon is None or decon.clean(text)):
+                seen.add(text)
+                texts.append(text)
+        prompts = self._encode([[{"role": "user", "content": t}] for t in texts])
+        prompts = [p for p in prompts if self._fits(p)]
+        left = None if seconds is None else seconds - (time.perf_counter() - start)
+        data = self._dataset(prompts, self._answer(prompts, left), "magpie")
+        data.meta["user_turns"] = len(texts)
+        return data
+
+    def templated(self, seconds: float | None) -> Dataset:
+        from .prompts import build_prompts
+
+        n = max(1, int(self.cfg.num_prompts * self.cfg.templated_share))
+        prompts = self._encode([m for _, m in build_prompts(n, self.cfg.seed)])
+        return self._dataset(prompts, self._answer(prompts, seconds), "templated")
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> tuple[Dataset, Dataset]:
+        """-> (training data of every phase, held-out data). Phases already saved in the
+        state folder are loaded, not generated again."""
+        cfg = self.cfg
+        decon = Decontaminator.from_texts(eval_texts(cfg.eval_dir)) if cfg.eval_dir else None
+        records = load_records(cfg.prompts_file)
+        heldout_pool = records
+        records = usable(records, decon)
+        index, count = cfg.slice
+        records = [r for r in records if in_slice(r.id, index, count)]
+        self.say(f"prompts: {len(records)} usable records in slice {index}/{count}")
+        parts: dict[str, Dataset] = {}
+        start = time.perf_counter()
+        spent_share = 0.0
+        for phase in PHASES:
+            path = self.state_dir / f"data-{phase}.npz"
+            if path.is_file():
+                parts[phase] = Dataset.load(path)
+                self.say(f"{phase}: reusing {path} ({len(parts[phase])} sequences)")
+                spent_share += TIME_SHARES[phase]
+                continue
+            seconds = None
+            if cfg.seconds is not None:  # this phase's share plus what earlier ones left
+                spent_share += TIME_SHARES[phase]
+                seconds = max(0.0, cfg.seconds * spent_share - (time.perf_counter() - start))
+            t0 = time.perf_counter()
+            if phase == "heldout":
+                data = self.heldout([r for r in heldout_pool
+                                     if decon is None or all(decon.clean(t) for t in r.turns)],
+                                    seconds)
+            elif phase == "single":
+                data = self.single(records, seconds)
+            elif phase == "multiturn":
+                data = self.multiturn(records, seconds)
+            elif phase == "magpie":
+                data = self.magpie(decon, seconds)
+            else:
+                data = self.templated(seconds)
+            took = time.perf_counter() - t0
+            data.meta.update(seconds=took, slice=f"{index}/{count}", seed=cfg.seed,
+                             max_new=cfg.max_new)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            data.save(path)
+            parts[phase] = data
+            self.say(f"{phase}: {len(data)} sequences, {data.response_tokens} response tokens "
+                     f"in {took:.0f}s ({data.response_tokens / max(took, 1e-9):.0f} tok/s)")
+        train = Dataset.concat([parts[p] for p in PHASES if p != "heldout"])
+        return train, parts["heldout"]

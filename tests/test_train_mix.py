@@ -1,0 +1,192 @@
+"""The real-prompt training mix: decontamination, the held-out split, source weights, the loop
+cut, multi-turn replay, resuming an interrupted data run, and growing a draft."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.loading import load_draft_folder, load_target
+from engine.metrics import loop_start
+from engine.testing import make_tiny_pair
+from engine.train.collect import Collector, MixConfig
+from engine.train.dataset import encode_prompts
+from engine.train.generate import continue_batch, cut_loops, loop_starts
+from engine.train.loop import grow_draft
+from engine.train.mix import (
+    Decontaminator,
+    PromptRecord,
+    as_completion,
+    eval_texts,
+    in_slice,
+    is_held_out,
+    load_records,
+    sample_by_source,
+    usable,
+)
+
+EVAL_TURN = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
+             "cultural experiences and must-see attractions.")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("mix"))
+    model, tokenizer, _ = load_target(str(target_dir), "float32")
+    return target_dir, draft_dir, model, tokenizer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_decontamination_drops_planted_evaluation_prompts(tmp_path):
+    write_jsonl(tmp_path / "mt_bench.jsonl", [{"turns": [EVAL_TURN, "Rewrite it."]}])
+    write_jsonl(tmp_path / "gsm8k_100.jsonl", [{"prompt": "Tom has 3 apples. How many?"}])
+    decon = Decontaminator.from_texts(eval_texts(tmp_path))
+    records = [
+        PromptRecord("exact", "sharegpt", "chat", (EVAL_TURN.upper().replace(" ", "  "),)),
+        PromptRecord("run", "sharegpt", "chat", ("Please: " + EVAL_TURN[:90] + " thanks",)),
+        PromptRecord("later-turn", "sharegpt", "chat", ("Hi", "tom has 3 apples, how many?")),
+        PromptRecord("clean", "sharegpt", "chat", ("Write a blog post about a trip to Oslo.",)),
+    ]
+    assert [r.id for r in usable(records, decon) if not is_held_out(r.id)] == ["clean"]
+
+
+def test_held_out_split_slices_and_source_weights():
+    records = [PromptRecord(f"{s}-{i}", s, "x", ("p",)) for s, n in
+               (("big", 4000), ("mid", 3000), ("tiny", 30)) for i in range(n)]
+    held = [r for r in records if is_held_out(r.id)]
+    assert 0.01 < len(held) / len(records) < 0.04
+    kept = usable(records, None)
+    assert not set(r.id for r in kept) & set(r.id for r in held)
+    assert len(kept) + len(held) == len(records)
+    slices = [{r.id for r in kept if in_slice(r.id, k, 3)} for k in range(3)]
+    assert sum(map(len, slices)) == len(kept)
+    assert not (slices[0] & slices[1] | slices[1] & slices[2])
+
+    picked = sample_by_source(kept, 1000, seed=0, weights={"big": 0.5, "mid": 0.3, "tiny": 0.2})
+    counts = Counter(r.source for r in picked)
+    assert len(picked) == 1000 == len({r.id for r in picked})
+    assert counts["tiny"] == len([r for r in kept if r.source == "tiny"])  # exhausted
+    assert abs(counts["big"] / counts["mid"] - 5 / 3) < 0.15  # the rest in proportion
+    assert picked == sample_by_source(kept, 1000, seed=0,
+                                      weights={"big": 0.5, "mid": 0.3, "tiny": 0.2})
+
+
+def test_pycode_prompts_can_be_asked_as_a_stub():
+    text = "Write a Python function `clamp(x, lo=0, hi=1)` that does the following:\n\nClamp x."
+    ask = as_completion(text)
+    assert ask.startswith("Complete the following Python function.\n\n```python\n")
+    assert 'def clamp(x, lo=0, hi=1):\n    """Clamp x.\n    """\n```' in ask
+    assert as_completion("Tell me a joke") is None
+
+
+def test_vectorised_loop_detection_matches_the_metric():
+    rng = random.Random(0)
+    rows = []
+    for k in range(120):
+        n = rng.randint(1, 260)
+        if k % 3 == 2:
+            head = [rng.randrange(900) for _ in range(rng.randint(3, 120))]
+            cycle = [rng.randrange(900) for _ in range(rng.randint(1, 17))]
+            rows.append((head + cycle * 40)[:n])
+        else:
+            rows.append([rng.randrange(6 if k % 3 else 60) for _ in range(n)])
+    grid = np.full((len(rows), max(map(len, rows))), -1)
+    for i, r in enumerate(rows):
+        grid[i, :len(r)] = r
+    got = loop_starts(grid, np.array([len(r) for r in rows])).tolist()
+    assert got == [-1 if loop_start(r) is None else loop_start(r) for r in rows]
+    assert any(g >= 0 for g in got) and any(g < 0 for g in got)
+
+
+def test_loop_cut_keeps_a_few_tokens_of_the_loop():
+    head = list(range(100, 160))
+    looping = head + [7, 8, 9] * 100
+    calm = list(range(200, 500))
+    cut = cut_loops([looping, calm], keep=16)
+    assert cut[0] == looping[:loop_start(looping) + 16] and len(cut[0]) < 120
+    assert cut[1] == calm
+
+
+def test_sampled_continuations_follow_the_seed(pair):
+    _, _, model, tokenizer = pair
+    prompts = [[5, 17, 40, 2, 99]] * 4
+    mx.random.seed(3)
+    a = continue_batch(model, prompts, 12, eos={10_000}, temperature=1.0)
+    mx.random.seed(3)
+    b = continue_batch(model, prompts, 12, eos={10_000}, temperature=1.0)
+    assert a == b and len({tuple(r) for r in a}) > 1  # sampled, not greedy
+
+
+def mix_config(tmp_path, records, **kw) -> MixConfig:
+    path = write_jsonl(tmp_path / "prompts.jsonl", records)
+    return MixConfig(str(path), num_prompts=8, max_new=6, batch=4, heldout_size=3,
+                     multiturn_share=0.5, magpie_share=0.5, templated_share=0.5, **kw)
+
+
+def test_multiturn_replay_feeds_back_the_targets_answers(pair, tmp_path):
+    _, _, model, tokenizer = pair
+    turns = ["Hello!", "What is 12 times 7?", "Thanks, and 3 times 4?"]
+    cfg = mix_config(tmp_path, [{"id": "m1", "prompt": turns[0], "source": "sharegpt",
+                                 "turns": turns}])
+    collector = Collector(model, tokenizer, cfg, tmp_path / "state", say=lambda m: None)
+    data = collector.multiturn(load_records(cfg.prompts_file), None)
+    assert len(data) == 3
+    eos = set(tokenizer.eos_token_ids)
+    chat: list[dict] = []
+    for turn, seq, plen in zip(turns, data.sequences, data.prompt_lens):
+        chat = chat + [{"role": "user", "content": turn}]
+        prompt = encode_prompts(tokenizer, [chat])[0]
+        assert seq[:plen] == prompt
+        want = continue_batch(model, [prompt], cfg.max_new, eos)[0]
+        assert seq[plen:] == want
+        chat = chat + [{"role": "assistant",
+                        "content": tokenizer.decode([t for t in want if t not in eos])}]
+
+
+def test_interrupted_data_run_resumes_at_its_phase(pair, tmp_path):
+    _, _, model, tokenizer = pair
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}: what is {i} plus {i}?",
+             "source": "gsm8k_train"} for i in range(40)]
+    rows += [{"id": "m", "prompt": "Hi", "source": "sharegpt", "turns": ["Hi", "And?"]}]
+    cfg = mix_config(tmp_path, rows)
+    state = tmp_path / "state"
+    first, heldout = Collector(model, tokenizer, cfg, state, say=lambda m: None).run()
+    assert len(heldout) >= 1 and len(first) > 0
+    # as if killed during the magpie phase: later phases are missing, earlier ones are kept
+    for phase in ("magpie", "templated"):
+        (state / f"data-{phase}.npz").unlink()
+
+    class NoRedo(Collector):
+        def single(self, *a):
+            raise AssertionError("a finished phase ran again")
+
+        multiturn = heldout = single
+
+    said: list[str] = []
+    again, heldout2 = NoRedo(model, tokenizer, cfg, state, say=said.append).run()
+    assert any("reusing" in m for m in said)
+    assert again.sequences == first.sequences and heldout2.sequences == heldout.sequences
+
+
+def test_grown_draft_starts_where_the_shallow_one_was(pair):
+    _, draft_dir, _, _ = pair
+    draft = load_draft_folder(draft_dir, mx.float32)
+    grown = grow_draft(draft, draft.args.num_hidden_layers + 2)
+    assert len(grown.layers) == len(draft.layers) + 2
+    taps = mx.random.normal((1, 7, draft.fc.weight.shape[1]))
+    block = mx.random.normal((1, draft.args.block_size, draft.args.hidden_size))
+    outs = []
+    for d in (draft, grown):
+        cache = d.make_cache()
+        d.append_context(taps, cache)
+        outs.append(d(block, cache))
+    assert mx.allclose(outs[0], outs[1], atol=1e-5)
