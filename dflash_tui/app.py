@@ -23,7 +23,7 @@ from dflash_tui.messages import (
 )
 from dflash_tui.screens.chat import ChatScreen
 from dflash_tui.screens.conversations import ConversationsScreen
-from dflash_tui.screens.help import HelpScreen
+from dflash_tui.screens.help import HelpScreen, binding_rows
 from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.screens.picker import PickerScreen
 from dflash_tui.store import Store, export_markdown
@@ -108,8 +108,6 @@ class DFlashChatApp(App[None]):
 
     def apply_keymap(self) -> None:
         """The config file's [keymap] (binding id -> keys) over the default bindings."""
-        from dflash_tui.screens.help import binding_rows
-
         known = {row[0] for row in binding_rows()}
         keymap = self.settings.keymap
         unknown = sorted(set(keymap) - known)

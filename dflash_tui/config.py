@@ -75,7 +75,10 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return settings, f"Config file {path} cannot be read ({exc}); using defaults."
+        return settings, (
+            f"Config file {path} cannot be read ({exc}); using the defaults. Fix: make it "
+            "readable, or delete it."
+        )
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -85,8 +88,8 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
         at = f"{path}:{where.group(1)}" if where else str(path)
         return (
             settings,
-            f"Config file {at}: {what}. Using the defaults for every setting; fix that line or "
-            "delete the file.",
+            f"Config file {at}: {what}. Using the defaults for every setting, and changes made "
+            "in the app are not saved over it; fix that line or delete the file.",
         )
     problems = []
     for f in fields(Settings):
@@ -110,7 +113,10 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
     for key in unknown:
         problems.append(f"line {_line_of(text, key) or '?'}: unknown setting {key}")
     if problems:
-        return settings, f"Config file {path}: {'; '.join(problems)}. Those use the defaults."
+        return settings, (
+            f"Config file {path}: {'; '.join(problems)}. Those use the defaults, and changes made "
+            "in the app are not saved over the file until it is fixed."
+        )
     return settings, None
 
 
