@@ -72,3 +72,28 @@ async def test_view_toggles_are_applied_and_saved_by_the_app(isolated_dirs):
         assert app.chat.has_class("no-sidebar")
     saved, problem = config.load_settings(config.config_path())
     assert problem is None and saved.draft_colours and not saved.show_sidebar
+
+
+async def test_picker_posts_the_chosen_pair_and_the_app_loads_it():
+    loads: list[tuple] = []
+
+    class Recording(FakeBackend):
+        def load(self, model, draft, block_size, progress):
+            loads.append((model, draft))
+            return super().load(model, draft, block_size, progress)
+
+    app = DFlashChatApp(backend_factory=Recording)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: bool(getattr(app.screen, "rows", None)))
+        await pilot.press("enter")  # the first row: the bundled offline pair
+        await wait_for(pilot, lambda: len(loads) == 2 and engine_ready(app))
+        assert loads[-1] == ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct-dflash")
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: bool(getattr(app.screen, "rows", None)))
+        app.screen.query_one("#target").value = "~/models/mine"
+        await pilot.click("#custom")
+        await wait_for(pilot, lambda: len(loads) == 3 and engine_ready(app))
+        assert loads[-1] == ("~/models/mine", None)
+        assert app.model == "~/models/mine" and app.info["target"] == "~/models/mine"
