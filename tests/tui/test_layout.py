@@ -115,3 +115,30 @@ async def test_collapsed_draft_gets_a_visible_hint(pattern, collapsed):
         assert any("The draft barely helps" in m for m in notices) is collapsed
         if collapsed:
             assert "1.17 tokens/cycle over the last 64 cycles" in str(hint.render())
+
+
+@pytest.mark.asyncio
+async def test_sidebar_shows_prefill_time_and_cached_prompt_tokens():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    app = DFlashChatApp(backend_factory=FakeBackend)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        sidebar = app.chat.query_one(StatsSidebar)
+        # A turn whose first 1,200 of 1,310 prompt tokens came from the engine's cache.
+        stats = SimpleNamespace(
+            prompt_tokens=1310, cached_tokens=1200, generated=9, cycles=4, ttft_s=0.142,
+            prefill_tokens_per_second=774.6, ctx_used=1319, max_ctx=16384, speculative=True,
+            peak_memory_bytes=2**30, acceptance_rate=0.556, tokens_per_cycle=2.0,
+            tokens_per_second=31.0,
+        )
+        sidebar.update_stats(stats, [])
+        await pilot.pause()
+        console = Console(width=40, file=io.StringIO(), record=True)
+        console.print(sidebar.query_one("#numbers").content)
+        rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
+        assert "prefill (TTFT) 142 ms" in rows
+        assert "cached 1200 / 1310 tokens" in rows
