@@ -96,7 +96,7 @@ class DFlashChatApp(App[None]):
         self.worker.start()
         self.load_pair(self.model, self.draft)
         if self.config_problem:
-            self.notify(self.config_problem, severity="warning", timeout=15)
+            self.notify(self.config_problem, severity="warning", timeout=15, markup=False)
         if self.store.moved_aside is not None:
             self.notify(
                 f"The chat history was damaged and could not be read. It was moved to "
@@ -104,6 +104,7 @@ class DFlashChatApp(App[None]):
                 title="History",
                 severity="warning",
                 timeout=30,
+                markup=False,
             )
 
     def apply_keymap(self) -> None:
@@ -118,6 +119,7 @@ class DFlashChatApp(App[None]):
                 f"{', '.join(unknown)}; F1 lists the binding ids.",
                 severity="warning",
                 timeout=15,
+                markup=False,
             )
 
     def watch_theme(self, theme: str) -> None:
@@ -132,7 +134,10 @@ class DFlashChatApp(App[None]):
         try:
             config.save_settings(self.settings, self.config_file)
         except OSError as exc:
-            self.notify(f"Could not save settings to {self.config_file}: {exc}", severity="error")
+            self.notify(
+                f"Could not save settings to {self.config_file}: {exc}", severity="error",
+                markup=False,
+            )
 
     # the current conversation: the app is its one owner -------------------------------------
 
@@ -269,10 +274,11 @@ class DFlashChatApp(App[None]):
             path.write_text(export_markdown(conv, self.store.messages(conv.id)), encoding="utf-8")
         except OSError as exc:
             self.notify(
-                f"Export failed: {exc}. Check that {path.parent} is writable.", severity="error"
+                f"Export failed: {exc}. Check that {path.parent} is writable.", severity="error",
+                markup=False,
             )
             return None
-        self.notify(f"Exported to {path}", timeout=5)
+        self.notify(f"Exported to {path}", timeout=5, markup=False)
         return path
 
     def action_rename(self) -> None:

@@ -83,7 +83,7 @@ class ChatScreen(Screen):
             with Vertical(id="main"):
                 yield Transcript(id="transcript")
                 with Vertical(id="loading"):
-                    yield Label("", id="loading-text")
+                    yield Label("", id="loading-text", markup=False)
                     yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
                 yield SpeedLine(id="speed")
                 yield PromptInput(id="prompt")
@@ -215,7 +215,10 @@ class ChatScreen(Screen):
         sidebar.update_stats(batch.stats, batch.cycle_tokens)
         if sidebar.collapsed is not None and not was_collapsed:
             # Also when the sidebar is hidden: a silent collapse is what users complain about.
-            self.notify(str(sidebar.query_one("#hint").render()), severity="warning", timeout=8)
+            self.notify(
+                str(sidebar.query_one("#hint").render()), severity="warning", timeout=8,
+                markup=False,
+            )
         self.query_one(SpeedLine).show_stats(batch.stats)
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
@@ -259,14 +262,18 @@ class ChatScreen(Screen):
     def on_engine_ready(self, event: EngineReady) -> None:
         self._hide_loading()
         self.query_one(StatsSidebar).set_info(event.info)
-        self.notify(f"Loaded {event.info.get('target')} + {event.info.get('draft')}", timeout=3)
+        self.notify(
+            f"Loaded {event.info.get('target')} + {event.info.get('draft')}", timeout=3,
+            markup=False,
+        )
 
     def _hide_loading(self) -> None:
         self.query_one("#loading").remove_class("visible")
 
     def _show_error(self, error: str) -> None:
-        self.notify(error, title="Problem", severity="error", timeout=10)
-        notice = Static(error, classes="notice")
+        # Engine and pip messages are text: their square brackets are not markup.
+        self.notify(error, title="Problem", severity="error", timeout=10, markup=False)
+        notice = Static(error, classes="notice", markup=False)
         transcript = self.query_one(Transcript)
         self.call_later(transcript.add, notice)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -59,7 +60,8 @@ class ConversationsScreen(ModalScreen[None]):
             count = len(store.messages(conv.id))
             when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
             model = (conv.model or "—").rsplit("/", 1)[-1]  # the pair it last talked to
-            table.add_row(conv.title, str(count), model, when, key=str(conv.id))
+            # Text, not str: DataTable reads a str as markup, and titles are user text.
+            table.add_row(Text(conv.title), str(count), Text(model), when, key=str(conv.id))
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)

@@ -32,7 +32,7 @@ class TextPrompt(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, classes="title")
+            yield Label(self.title_text, classes="title", markup=False)
             yield Input(self.value, id="value")
 
     @on(Input.Submitted)
@@ -53,7 +53,7 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question, classes="title")
+            yield Label(self.question, classes="title", markup=False)
             with Horizontal():
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (Esc)", id="no")
@@ -91,7 +91,7 @@ class SettingsScreen(ModalScreen[dict | None]):
             yield Input(str(max_tokens), id="max-tokens")
             yield Label("Draft block size (2-16, 0 = the draft's own)")
             yield Input(str(block_size), id="block-size")
-            yield Label("", classes="error", id="error")
+            yield Label("", classes="error", id="error", markup=False)
             with Horizontal():
                 yield Button("Save (Ctrl+S)", variant="primary", id="save")
                 yield Button("Cancel (Esc)", id="cancel")

@@ -83,7 +83,7 @@ class PickerScreen(ModalScreen[None]):
             yield Label("Model pairs  (Enter loads · d downloads)", classes="title")
             yield DataTable(cursor_type="row", zebra_stripes=True, id="pairs")
             yield Static("", id="detail")  # the highlighted pair's full ids
-            yield Label("", id="message")
+            yield Label("", id="message", markup=False)
             yield ProgressBar(total=1.0, id="download-bar")
             yield Label("Custom pair: Hub ids or local folders (no draft: the registry's)")
             with Horizontal():
@@ -128,8 +128,8 @@ class PickerScreen(ModalScreen[None]):
             table.add_column(name, width=width, key=name)
         for i, r in enumerate(rows):
             cells = {
-                "Target": fit_id(r.target, self._widths["Target"]),
-                "Draft": fit_id(r.draft or "—", self._widths["Draft"]),
+                "Target": Text(fit_id(r.target, self._widths["Target"])),
+                "Draft": Text(fit_id(r.draft or "—", self._widths["Draft"])),
                 "Family": r.family,
                 "State": Text.from_markup(STATUS_STYLE.get(r.status, r.status)),
                 "Note": Text(r.note, overflow="fold"),
@@ -210,7 +210,7 @@ class PickerScreen(ModalScreen[None]):
         self.downloading = False
         self.query_one("#download-bar").remove_class("visible")
         self._message(error)
-        self.notify(error, title="Download failed", severity="error", timeout=8)
+        self.notify(error, title="Download failed", severity="error", timeout=8, markup=False)
 
     @on(Button.Pressed, "#custom")
     @on(Input.Submitted)

@@ -199,3 +199,15 @@ async def test_edit_and_resend_the_last_message(make_app):
         assert [m.role for m in stored] == ["user", "assistant"]
         users = [v.content for v in app.chat.query(MessageView) if v.role == "user"]
         assert users == ["typo fixed"]
+
+
+async def test_error_text_with_brackets_is_shown_verbatim(make_app):
+    # pip and paths print square brackets; they are text, not markup.
+    text = "could not download: pip said: [notice] A new release of pip [/] is out [b]. Fix: x"
+    app = make_app(model="bad-org/[weird]", load_error=ModelNotAvailable(text))
+    if app.engine_kind == "real":  # the real engine words its own message; brackets stay
+        text = "bad-org/[weird] is not in the local Hugging Face cache"
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: bool(app.chat.query(".notice")))
+        await pilot.pause()
+        assert str(app.chat.query_one(".notice").render()).startswith(text)

@@ -97,3 +97,15 @@ async def test_picker_posts_the_chosen_pair_and_the_app_loads_it():
         await wait_for(pilot, lambda: len(loads) == 3 and engine_ready(app))
         assert loads[-1] == ("~/models/mine", None)
         assert app.model == "~/models/mine" and app.info["target"] == "~/models/mine"
+
+
+async def test_titles_with_square_brackets_are_text_not_markup():
+    app = DFlashChatApp(backend_factory=lambda: FakeBackend(reply="ok"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await chat(pilot, app, "[b]bold?[/b] and [draft] notes")
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen))
+        assert titles(app.screen) == ["[b]bold?[/b] and [draft] notes"]
+        table = app.screen.query_one("#list")
+        assert "[draft] notes" in table.get_row_at(0)[0].plain  # shown as typed
