@@ -26,7 +26,7 @@ from dflash_tui.screens.conversations import ConversationsScreen
 from dflash_tui.screens.help import HelpScreen, binding_rows
 from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.screens.picker import PickerScreen
-from dflash_tui.store import Store, export_markdown
+from dflash_tui.store import Store, StoredMessage, export_markdown
 from dflash_tui.worker import EngineWorker
 
 
@@ -171,6 +171,20 @@ class DFlashChatApp(App[None]):
                 self.conversation_id, model=self.info.get("target"), draft=self.info.get("draft")
             )
         return self.conversation_id
+
+    # The open conversation's turns: the chat screen draws them, the app writes them.
+
+    def add_turn(self, role: str, content: str, status: str = "done") -> StoredMessage:
+        assert self.conversation_id is not None, "begin_conversation() first"
+        return self.store.add_message(self.conversation_id, role, content, status=status)
+
+    def save_turn(
+        self, message_id: int, content: str, status: str | None = None, stats: dict | None = None
+    ) -> None:
+        self.store.update_message(message_id, content, status=status, stats=stats)
+
+    def drop_turns(self, message_ids: list[int]) -> None:
+        self.store.delete_messages(message_ids)
 
     def _set_current(self, conversation_id: int | None, title: str) -> None:
         self.conversation_id = conversation_id

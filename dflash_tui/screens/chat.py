@@ -161,10 +161,9 @@ class ChatScreen(Screen):
 
     async def send(self, text: str) -> None:
         app = self.app
-        store = app.store
         cid = app.begin_conversation(text)
         # The user turn is committed before the engine sees it: a crash cannot lose it.
-        user_row = store.add_message(cid, "user", text)
+        user_row = app.add_turn("user", text)
         transcript = self.query_one(Transcript)
         user_view = MessageView("user", text)
         user_view.message_id = user_row.id
@@ -174,11 +173,10 @@ class ChatScreen(Screen):
     async def _reply(self, cid: int) -> None:
         """Stream a new assistant turn for the conversation as stored."""
         app = self.app
-        store = app.store
         chat = app.effective()
         transcript = self.query_one(Transcript)
         prompt = self._prompt_for(cid, chat.system_prompt)
-        reply_row = store.add_message(cid, "assistant", "", status="streaming")
+        reply_row = app.add_turn("assistant", "", status="streaming")
         view = MessageView("assistant", "", "streaming")
         view.message_id = reply_row.id
         await transcript.add(view)
@@ -222,7 +220,7 @@ class ChatScreen(Screen):
         self.query_one(SpeedLine).show_stats(batch.stats)
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
-            self.app.store.update_message(self.reply_db_id, self.reply_view.content)
+            self.app.save_turn(self.reply_db_id, self.reply_view.content)
             self._last_flush = now
 
     async def on_reply_finished(self, event: ReplyFinished) -> None:
@@ -285,7 +283,7 @@ class ChatScreen(Screen):
             return
         await view.finish(status, footer if status != "error" else f"✗ {footer}")
         if db_id is not None:
-            self.app.store.update_message(db_id, view.content, status=status, stats=summary)
+            self.app.save_turn(db_id, view.content, status=status, stats=summary)
 
     async def stop_reply(self) -> None:
         """Stop a streaming reply (if any), keeping its text: before another chat opens."""
@@ -303,7 +301,7 @@ class ChatScreen(Screen):
         return True
 
     async def _drop_messages(self, ids: list[int]) -> None:
-        self.app.store.delete_messages(ids)
+        self.app.drop_turns(ids)
         for view in self.query_one(Transcript).messages():
             if view.message_id in ids:
                 await view.remove()
