@@ -60,7 +60,8 @@ def download_pair(target: str, draft: str | None, progress: Progress) -> None:
 
         progress(f"downloading {repo}", None)
         try:
-            snapshot_download(repo, tqdm_class=Reporter)
+            # Only what the loader reads: some repos also carry multi-GB .pth/.bin copies.
+            snapshot_download(repo, allow_patterns=registry.HUB_PATTERNS, tqdm_class=Reporter)
         except Exception as exc:  # hub errors have long reprs; name the repo and the fix
             name = type(exc).__name__
             if "Connect" in name or "Offline" in name or "Timeout" in name:

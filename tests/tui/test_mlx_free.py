@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from engine.registry import HUB_PATTERNS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
@@ -24,11 +26,11 @@ SCRIPT = textwrap.dedent(
     import huggingface_hub
     fetched = []
 
-    def fake_snapshot_download(repo_id, tqdm_class=None, **kw):
+    def fake_snapshot_download(repo_id, tqdm_class=None, allow_patterns=None, **kw):
         bar = tqdm_class(total=4)
         bar.update(4)
         bar.close()
-        fetched.append(repo_id)
+        fetched.append([repo_id, allow_patterns])
         return "/nowhere"
 
     huggingface_hub.snapshot_download = fake_snapshot_download
@@ -63,7 +65,16 @@ def test_tui_process_never_loads_mlx(tmp_path):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["modules"] >= 15  # every module was imported, not an empty walk
     assert report["rows"] >= 2
-    assert report["fetched"] == ["Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"]
+    # Both repos, each limited to the files the loader reads (never multi-GB .pth copies).
+    assert [repo for repo, _ in report["fetched"]] == ["Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"]
+    for _, patterns in report["fetched"]:
+        assert patterns == HUB_PATTERNS and "*.safetensors" in patterns
     assert 1.0 in report["seen"] and "cached" in report["seen"]
     assert report["events"] > 1
     assert report["mlx"] == []
+
+
+def test_the_ui_downloads_what_the_loader_reads():
+    from engine import loading  # MLX: fine in the test process
+
+    assert loading.HUB_PATTERNS == HUB_PATTERNS
