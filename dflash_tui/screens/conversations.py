@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Footer, Input, Label
 
 from dflash_tui.messages import DeleteConversation, OpenConversation, RenameConversation
 from dflash_tui.screens.modals import Confirm, TextPrompt
+from dflash_tui.widgets.ids import middle_ellipsis
 
 if TYPE_CHECKING:
     from dflash_tui.app import DFlashChatApp
@@ -26,7 +27,7 @@ class ConversationsScreen(ModalScreen[None]):
 
     DEFAULT_CSS = """
     ConversationsScreen { align: center middle; }
-    ConversationsScreen > Vertical { width: 90%; height: 80%; border: thick $accent;
+    ConversationsScreen > Vertical { width: 1fr; height: 80%; margin: 0 2; border: thick $accent;
         background: $surface; padding: 0 1; }
     ConversationsScreen .title { text-style: bold; padding: 1 0 0 0; }
     ConversationsScreen DataTable { height: 1fr; }
@@ -47,21 +48,37 @@ class ConversationsScreen(ModalScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("Title", "Messages", "Model", "Updated")
         self.reload()
-        table.focus()
+        self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        self.reload()
+
+    def _widths(self) -> dict[str, int]:
+        # The screen minus the dialog's margin, border, padding and the table's scrollbar and
+        # cell padding; the title takes what the fixed columns leave, so nothing scrolls.
+        room = self.app.size.width - 4 - 2 - 2 - 2 - 2 * 4
+        fixed = {"Messages": 8, "Model": min(22, max(8, room // 4)), "Updated": 16}
+        return {"Title": max(12, room - sum(fixed.values())), **fixed}
 
     def reload(self) -> None:
         table = self.query_one(DataTable)
-        table.clear()
+        cursor = table.cursor_row
+        widths = self._widths()
+        table.clear(columns=True)
+        for name, width in widths.items():
+            table.add_column(name, width=width, key=name)
         store = self.app.store
         for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
             count = len(store.messages(conv.id))
             when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
             model = (conv.model or "—").rsplit("/", 1)[-1]  # the pair it last talked to
             # Text, not str: DataTable reads a str as markup, and titles are user text.
-            table.add_row(Text(conv.title), str(count), Text(model), when, key=str(conv.id))
+            title = Text(conv.title, no_wrap=True, overflow="ellipsis")
+            table.add_row(title, str(count), Text(middle_ellipsis(model, widths["Model"])), when,
+                          key=str(conv.id))
+        if table.row_count:
+            table.move_cursor(row=min(cursor, table.row_count - 1))
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)

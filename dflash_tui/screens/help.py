@@ -40,8 +40,8 @@ def binding_rows(keymap: dict[str, str] | None = None) -> list[tuple[str, str, s
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 90; height: 85%; border: thick $accent; background: $surface;
-        padding: 0 1; }
+    HelpScreen > Vertical { width: 100%; max-width: 92; height: 85%; border: thick $accent;
+        background: $surface; padding: 0 1; }
     HelpScreen .title { text-style: bold; padding: 1 0 0 0; }
     HelpScreen .hint { color: $text-muted; padding: 0 0 1 0; }
     HelpScreen DataTable { height: 1fr; }
@@ -67,7 +67,8 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("Binding id", "Key", "Action", "Where")
-        for row in binding_rows(self.app.settings.keymap):
-            table.add_row(*row)
+        # Key and id first: on a narrow terminal "Where" is what scrolls out of view.
+        table.add_columns("Key", "Action", "Binding id", "Where")
+        for binding_id, key, action, where in binding_rows(self.app.settings.keymap):
+            table.add_row(key, action, binding_id, where)
         table.focus()

@@ -142,3 +142,30 @@ async def test_sidebar_shows_prefill_time_and_cached_prompt_tokens():
         rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
         assert "prefill (TTFT) 142 ms" in rows
         assert "cached 1200 / 1310 tokens" in rows
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("width", [80, 140])
+async def test_help_and_conversation_list_fit_the_terminal(width):
+    from dflash_tui.screens.conversations import ConversationsScreen
+    from dflash_tui.screens.help import HelpScreen
+
+    app = DFlashChatApp(backend_factory=lambda: FakeBackend(reply="ok"))
+    async with app.run_test(size=(width, 24)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "a title long enough to need shortening " * 3)
+        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen))
+        await pilot.pause()
+        table = app.screen.query_one("#list")
+        assert table.max_scroll_x == 0  # the title gives way, no column is cut
+        title = table.get_row_at(0)[0]
+        assert title.plain == app.store.list_conversations()[0].title  # whole, shown shortened
+        await pilot.press("escape", "f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.pause()
+        dialog = app.screen.query_one("Vertical").region
+        assert dialog.right <= width  # the dialog's border is on screen
+        first = app.screen.query_one("#keys").ordered_columns[:3]
+        assert [str(c.label) for c in first] == ["Key", "Action", "Binding id"]
