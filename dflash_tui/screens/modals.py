@@ -13,8 +13,8 @@ from dflash_tui.config import validate_block_size, validate_max_tokens
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
-{name} > Vertical {{ width: 70; height: auto; max-height: 90%; border: thick $accent;
-    background: $surface; padding: 1 2; }}
+{name} > Vertical {{ width: 70; max-width: 100%; height: auto; max-height: 100%;
+    border: thick $accent; background: $surface; padding: 1 2; overflow-y: auto; }}
 {name} .title {{ text-style: bold; margin-bottom: 1; }}
 {name} .error {{ color: $error; height: auto; }}
 {name} Horizontal {{ height: auto; margin-top: 1; }}
@@ -69,7 +69,7 @@ class SettingsScreen(ModalScreen[dict | None]):
     DEFAULT_CSS = (
         MODAL_CSS.format(name="SettingsScreen")
         + """
-    SettingsScreen TextArea { height: 6; }
+    SettingsScreen TextArea { height: 5; }
     """
     )
     BINDINGS = [
