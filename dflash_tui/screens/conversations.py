@@ -69,8 +69,9 @@ class ConversationsScreen(ModalScreen[None]):
         for name, width in widths.items():
             table.add_column(name, width=width, key=name)
         store = self.app.store
+        counts = store.message_counts()
         for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
-            count = len(store.messages(conv.id))
+            count = counts.get(conv.id, 0)
             when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
             model = (conv.model or "—").rsplit("/", 1)[-1]  # the pair it last talked to
             # Text, not str: DataTable reads a str as markup, and titles are user text.
