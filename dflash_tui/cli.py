@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size",
         type=int,
         metavar="N",
-        help="default draft block size (2..16; 0 = the draft's own)",
+        help=f"default draft block size ({config.MIN_BLOCK_SIZE}..{config.MAX_BLOCK_SIZE}; "
+        "0 = the draft's own)",
     )
     parser.add_argument(
         "--data-dir",

@@ -16,7 +16,6 @@ APP_NAME = "dflash-chat"
 CONFIG_DIR_ENV = "DFLASH_CHAT_CONFIG_DIR"
 DATA_DIR_ENV = "DFLASH_CHAT_DATA_DIR"
 MAX_TOKENS_LIMIT = 32768
-BLOCK_SIZE_RANGE = (MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
 
 
 def config_dir() -> Path:
@@ -153,7 +152,7 @@ def validate_block_size(text: str) -> int:
         value = int(text)
     except ValueError:
         raise ValueError(f"block size {text!r} is not a whole number: type e.g. 16") from None
-    lo, hi = BLOCK_SIZE_RANGE
+    lo, hi = MIN_BLOCK_SIZE, MAX_BLOCK_SIZE
     if value != 0 and not lo <= value <= hi:
         raise ValueError(
             f"block size must be {lo}..{hi} (or 0 for the draft's default), not {value}"

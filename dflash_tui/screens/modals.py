@@ -9,7 +9,12 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
-from dflash_tui.config import validate_block_size, validate_max_tokens
+from dflash_tui.config import (
+    MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+    validate_block_size,
+    validate_max_tokens,
+)
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
@@ -89,7 +94,9 @@ class SettingsScreen(ModalScreen[dict | None]):
             yield TextArea(system_prompt, id="system")
             yield Label("Max tokens per reply")
             yield Input(str(max_tokens), id="max-tokens")
-            yield Label("Draft block size (2-16, 0 = the draft's own)")
+            yield Label(
+                f"Draft block size ({MIN_BLOCK_SIZE}-{MAX_BLOCK_SIZE}, 0 = the draft's own)"
+            )
             yield Input(str(block_size), id="block-size")
             yield Label("", classes="error", id="error", markup=False)
             with Horizontal():
