@@ -19,8 +19,13 @@ common=(--model "$MODEL" --depth 3 --taps 4 --intermediate-size 1024 --block-siz
         --max-len 1024 --no-progress)
 train_args=(--batch ${BATCH:-32} --anchors ${ANCHORS:-96} --steps 100000 --val-every 400
             --checkpoint-every 400 --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16
-            --data /root/gen0/data.npz --extra-data /root/gen1/data.npz
-            --heldout /root/gen0/heldout.npz)
+            --heldout "$(ls /root/gen-*/heldout.npz | head -1)")
+data_args() {  # every data run on this machine: the first as --data, the others as extras
+  local first=1
+  for d in /root/gen-*/data.npz; do
+    if (( first )); then echo --data "$d"; first=0; else echo --extra-data "$d"; fi
+  done
+}
 
 pack() {  # pack VARIANT FOLDER: meta tar + weights in two halves into $OUT
   tar -C "$2" -cf "$OUT/$1-meta.tar" config.json token_ranking.json train-log.json
@@ -36,22 +41,24 @@ gen)
   python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r timeout $(( ${GEN_S:-480} + 90 )) python3 -m engine.train "${common[@]}" \
-      --out /root/gen$r --data /root/gen$r/data.npz --collect-only \
+    out=/root/gen-${SEED:-5}-$r; mkdir -p $out/phases
+    # the held-out answers are the same in every run: reuse an earlier run's
+    cp /root/gen-*/phases/data-heldout.npz $out/phases/ 2>/dev/null
+    MLX_ENABLE_TF32=${GEN_TF32:-0} CUDA_VISIBLE_DEVICES=$r timeout $(( ${GEN_S:-480} + 90 )) python3 -m engine.train "${common[@]}" \
+      --out $out --data $out/data.npz --collect-only \
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( ${SEED:-5} * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${GEN_BATCH:-1024} --gen-token-budget ${GEN_TOKENS:-3000000} \
-      --gen-dtype ${GEN_DTYPE:-bfloat16} --gen-seconds ${GEN_S:-480} > /root/gen$r.log 2>&1 &
+      --gen-dtype ${GEN_DTYPE:-bfloat16} --gen-seconds ${GEN_S:-480} > $out.log 2>&1 &
   done
   wait
-  tail -n 12 /root/gen0.log /root/gen1.log
-  ls -la /root/gen0 /root/gen1 ;;
+  tail -n 12 /root/gen-${SEED:-5}-*.log; ls -la /root/gen-*/ ;;
 train)
   MLX_ENABLE_TF32=1 CUDA_VISIBLE_DEVICES=0 timeout $(( ${TRAIN_S:-450} + 120 )) python3 -m engine.train \
-    "${common[@]}" "${train_args[@]}" --init "$SHIPPED" --lr ${LR:-3e-4} --out /root/draft-a \
+    "${common[@]}" "${train_args[@]}" $(data_args) --init "$SHIPPED" --lr ${LR:-3e-4} --out /root/draft-a \
     --state-dir /root/state-a --train-seconds ${TRAIN_S:-450} > /root/train-a.log 2>&1 &
   MLX_ENABLE_TF32=1 CUDA_VISIBLE_DEVICES=1 timeout $(( ${TRAIN_S:-450} + 120 )) python3 -m engine.train \
-    "${common[@]}" "${train_args[@]}" --init "$SHIPPED" --depth ${DEPTH_B:-5} --lr ${LR:-3e-4} \
+    "${common[@]}" "${train_args[@]}" $(data_args) --init "$SHIPPED" --depth ${DEPTH_B:-5} --lr ${LR:-3e-4} \
     --out /root/draft-b --state-dir /root/state-b --train-seconds ${TRAIN_S:-450} > /root/train-b.log 2>&1 &
   wait
   grep -v "^ *$" /root/train-a.log | tail -n 15; grep -v "^ *$" /root/train-b.log | tail -n 15
@@ -61,7 +68,7 @@ more)
     cp -r /root/draft-$v /root/init-$v
     [[ $v == a ]] && g=0 || g=1
     MLX_ENABLE_TF32=1 CUDA_VISIBLE_DEVICES=$g timeout $(( ${MORE_S:-300} + 100 )) python3 -m engine.train \
-      "${common[@]}" "${train_args[@]}" --init /root/init-$v --depth $([[ $v == a ]] && echo 3 || echo ${DEPTH_B:-5}) \
+      "${common[@]}" "${train_args[@]}" $(data_args) --init /root/init-$v --depth $([[ $v == a ]] && echo 3 || echo ${DEPTH_B:-5}) \
       --lr ${LR_MORE:-1.5e-4} --out /root/draft-$v --state-dir /root/state2-$v \
       --train-seconds ${MORE_S:-300} > /root/more-$v.log 2>&1 &
   done

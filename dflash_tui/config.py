@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import tomllib
 from platformdirs import user_config_dir, user_data_dir
 
 from engine.config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE  # plain Python: loads no MLX

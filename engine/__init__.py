@@ -1,7 +1,8 @@
 """DFlash speculative decoding on MLX: a block-diffusion draft proposes, the target verifies.
 
-`engine.events`, `engine.errors` and `engine.registry` load no MLX, so a UI can import them
-freely; the runtime (and MLX) loads on first use of `DFlashRuntime` / `DFlashConfig`.
+`engine.config`, `engine.events`, `engine.errors` and `engine.registry` load no MLX, so a UI
+can import them freely (tests/test_layout.py holds it); the runtime (and MLX) loads on first
+use of `DFlashRuntime`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from typing import Any
 # token-for-token equality with greedy decoding. Full fp32 unless the user chose otherwise.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
+from .blas import load as _load_blas
 from .errors import DFlashError
 from .events import CycleStats, Finished, GenerationResult, RunningStats, Span
+
+# Linux CPU: a fast BLAS must be in the process before anything imports mlx.core, which binds
+# its BLAS symbols at import (engine/blas.py). Here, it covers the CLI, the TUI and the API.
+_load_blas()
 
 __version__ = "0.1.0"
 __all__ = [

@@ -1,4 +1,4 @@
-"""`dflash generate | models | benchmark | train-draft`."""
+"""`dflash generate | models | doctor | benchmark | train-draft`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import add_engine_args, config_from_args
+from .config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from .errors import DFlashError
 
 
@@ -33,7 +33,9 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     add_engine_args(p)
     p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
-    p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
+    p.add_argument("--no-speculative", action="store_true",
+                   help="decode with the target alone (same output when greedy)")
+    add_sampling_args(p)
     p.add_argument("--chat-template-args", type=_json_arg, default=None,
                    help="JSON object passed to the chat template")
 
@@ -43,13 +45,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from .events import Finished
     from .runtime import DFlashRuntime
+    from .sampling import SamplingParams
 
     err = Console(stderr=True)
     config = config_from_args(args)
+    SamplingParams(**sampling_from_args(args))  # a bad flag fails before the models load
     with err.status("loading model pair") as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,
-            progress=lambda message, _fraction: status.update(message),
+            progress=lambda message, fraction: status.update(
+                message if fraction is None else f"{message}: {fraction:.0%}"),
         )
     if args.raw:
         prompt = args.prompt
@@ -59,7 +64,8 @@ def run_generate(args: argparse.Namespace) -> int:
     result = None
     for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
                                     speculative=not args.no_speculative,
-                                    chat_template_args=args.chat_template_args):
+                                    chat_template_args=args.chat_template_args,
+                                    **sampling_from_args(args)):
         if isinstance(event, Finished):
             result = event.result
         else:
@@ -98,25 +104,28 @@ def run_models(_args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .blas import ensure_fast_blas
-
-    ensure_fast_blas(argv)
     parser = argparse.ArgumentParser(prog="dflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     sub.add_parser("models", help="list the registered model pairs and what is cached")
+    sub.add_parser("doctor", help="check this machine: BLAS, GPU kernels, cache, offline "
+                   "pair, a self-check (--json)", add_help=False)
     sub.add_parser("benchmark", help="DFlash vs mlx_lm in one process (see --help)",
                    add_help=False)
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
                    add_help=False)
     if argv and argv[0] == "benchmark":
         if "--synthetic" in argv:
-            from .synthetic import synthetic_main
+            from .bench.synthetic import synthetic_main
 
             return synthetic_main(argv[1:])
-        from .bench import benchmark_main
+        from .bench.compare import benchmark_main
 
         return benchmark_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from .doctor import doctor_main
+
+        return doctor_main(argv[1:])
     if argv and argv[0] == "train-draft":
         from .train import train_draft_main
 

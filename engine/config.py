@@ -18,38 +18,30 @@ MIN_DRAFT_VOCAB = 256
 
 @dataclass
 class DFlashConfig:
+    """The knobs a user turns. Per-call options (profiling) live on `generate`, the target's
+    rollback options on the adapter (`engine.targets.adapter_for`)."""
+
     # None: use the draft checkpoint's block_size (16 for the published drafts).
     draft_block_size: int | None = None
-    # Pick each cycle's block size (2..draft_block_size) from the recent accepted runs.
-    adaptive_block: bool = False
     # Verify drafts only up to the first one the draft gives less than this probability
-    # (0 < p <= 1; None verifies the whole block). "auto": DEFAULT_MIN_CONFIDENCE on every
-    # backend: a verify's cost grows with its length, and a run rarely survives a draft the
-    # draft itself doubts. Measured with the SmolLM2 pair, MT-Bench / HumanEval / GSM8K: 2-core
-    # CPU (stage-3 draft) 0.73x -> 0.91x, 0.84x -> 0.94x, 0.94x -> 1.05x; H200 (stage-4 draft)
-    # 0.52x -> 0.73x, 0.69x -> 0.70x, 0.63x -> 0.80x. Metal follows, unmeasured.
+    # (0 < p <= 1; None verifies the whole block): a verify's cost grows with its length, and
+    # a run rarely survives a draft the draft itself doubts. Lossless either way. "auto":
+    # DEFAULT_MIN_CONFIDENCE on every backend (benchmarks/ and the README: faster on the CPU
+    # and the H200 with the SmolLM2 pair; Metal unmeasured).
     min_draft_confidence: float | str | None = "auto"
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
     # run). Needs the draft's token_ranking.json; without one the full head is used. "auto":
-    # CPU_DRAFT_VOCAB on CPU, where the full head costs twice the draft's layers (SmolLM2:
-    # 28 ms vs 14 ms per cycle; top 8192 + prompt tokens cover ~99% of answer tokens), the
-    # full head on GPUs until measured there. None: the full head.
+    # CPU_DRAFT_VOCAB on CPU, where the full head dominates a draft forward (see draft_head),
+    # the full head on GPUs until measured there. None: the full head.
     draft_vocab: int | str | None = "auto"
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
-    # GatedDeltaNet rollback: replay the recorded tape (True) or re-run accepted steps.
-    enable_tape_replay: bool = True
     # Prefill in chunks of this many tokens to bound peak memory.
     prefill_chunk: int = 512
     # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
     # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
     dtype: str | None = None
-    # Evaluate each cycle phase on its own for exact per-phase device times (benchmarks). Off,
-    # phases overlap (async_eval) and the profile holds host-side times only.
-    sync_phases: bool = False
-    # "auto" picks a fused kernel for the backend when one is proven; "portable" never does.
-    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         bs = self.draft_block_size
@@ -76,11 +68,9 @@ class DFlashConfig:
                 not isinstance(v, int) or isinstance(v, bool) or v < MIN_DRAFT_VOCAB):
             raise ConfigError(f"draft_vocab={v!r}: use a token count of at least "
                               f"{MIN_DRAFT_VOCAB}, 'auto' or None (the full vocabulary)")
-        if self.kernels not in ("auto", "portable"):
-            raise ConfigError(f"kernels={self.kernels!r}: use 'auto' or 'portable'")
 
-    def min_confidence_for(self, backend: str) -> float | None:
-        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
+    def min_confidence(self) -> float | None:
+        """The verify cut, "auto" resolved (the same on every backend)."""
         if self.min_draft_confidence == "auto":
             return DEFAULT_MIN_CONFIDENCE
         return self.min_draft_confidence  # type: ignore[return-value]
@@ -98,8 +88,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The DFlashConfig flags `dflash generate` and `dflash benchmark` share."""
     p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
     p.add_argument("--max-ctx", type=int, default=16384)
-    p.add_argument("--adaptive-block", action="store_true",
-                   help="size each cycle's block from recent acceptance (up to --block-size)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
                    help="verify drafts only up to the first the draft gives probability < P; "
                         "'auto' (default): 0.4; 'off': whole blocks")
@@ -112,10 +100,29 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "float32, the fast one on CPU)")
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The per-call sampling flags (`generate(..., temperature=, top_p=, top_k=, min_p=,
+    seed=)`); checked by engine.sampling.SamplingParams."""
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy, exact; above 0: sample, with the target's own "
+                        "distribution kept by speculative sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens under this fraction of the top one's probability (0: off)")
+    p.add_argument("--seed", type=int, default=None, help="repeatable sampling")
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """add_sampling_args' flags as generate() keyword arguments."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+            "min_p": args.min_p, "seed": args.seed}
+
+
 def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
     """DFlashConfig from add_engine_args' flags (plus `more` fields); raises ConfigError."""
     return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
-                        dtype=args.dtype, adaptive_block=args.adaptive_block,
+                        dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
                         draft_vocab=args.draft_vocab, **more)
 

@@ -1,23 +1,24 @@
 """The speculative loop: prefill, then [draft -> verify -> accept -> commit/rollback]*.
 
 Yields `Commit`s of token ids; the runtime turns them into text spans and stops on EOS.
-Every committed token is the target's greedy argmax, so output equals plain greedy decoding.
+Greedy (the default): every committed token is the target's argmax, so output equals plain
+greedy decoding. At temperature > 0, speculative sampling keeps the target's distribution.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
-from .targets.base import TargetAdapter
+from .sampling import Sampler, full_vocab
+from .targets.base import TargetAdapter, cache_arrays
 
 
 @dataclass
@@ -47,23 +48,18 @@ class PhaseClock:
         return elapsed
 
 
-def cache_arrays(*caches: list[Any]) -> list[mx.array]:
-    return [a for c in caches for _, a in tree_flatten([x.state for x in c])
-            if isinstance(a, mx.array)]
-
-
 def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: int,
-            draft: DFlashDraft | None = None, draft_cache: list[Any] | None = None) -> mx.array:
-    """Run the prompt through the target in chunks; feed tapped features to the draft.
-    Returns the logits of the last prompt position [V]."""
-    tap_ids = draft.args.target_layer_ids if draft is not None else []
+            proposer: DraftProposer | None = None) -> mx.array:
+    """Run the prompt through the target in chunks; feed tapped features to the proposer's
+    draft context. Returns the logits of the last prompt position [V]."""
+    tap_ids = proposer.tap_ids if proposer is not None else []
     logits = None
     for start in range(0, len(prompt), chunk):
         ids = mx.array([prompt[start:start + chunk]])
         logits, taps = target.forward(ids, cache, tap_ids, last_only=True)
-        if draft is not None:
-            draft.append_context(taps, draft_cache)
-        mx.eval(logits, cache_arrays(cache, draft_cache or []))
+        if proposer is not None:
+            proposer.append_context(taps)
+        mx.eval(logits, cache_arrays(cache, proposer.cache if proposer is not None else []))
     assert logits is not None, "empty prompt"
     return logits[0, -1]
 
@@ -82,17 +78,54 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     if size == 1:
         return block
     head = head or DraftHead(target)
-    hidden = draft(target.embed(block), draft_cache)
-    logits = head(hidden[:, 1:])
+    logits = head(draft(target.embed(block), draft_cache)[:, 1:])
     drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
     proposal = mx.concatenate([block[:, :1], drafted], axis=1)
+    return proposal[:, :verify_length(logits, min_confidence, size)]
+
+
+def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
+                    staged: int, size: int, sampler: Sampler,
+                    min_confidence: float | None = None, head: DraftHead | None = None
+                    ) -> tuple[mx.array, mx.array]:
+    """`propose` at temperature > 0: each draft is drawn from the draft's processed
+    distribution q at its position. -> (verify input [1, n + 1], q over the vocabulary
+    [n, V], zero outside the head's token subset)."""
+    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
+    if size == 1:
+        return block, mx.zeros((0, target.vocab_size))
+    head = head or DraftHead(target)
+    logits = head(draft(target.embed(block), draft_cache)[:, 1:])
+    return draw_proposal(staged, logits, head.ids, target.vocab_size, sampler, min_confidence)
+
+
+def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
+                  sampler: Sampler, min_confidence: float | None = None
+                  ) -> tuple[mx.array, mx.array]:
+    """Draft logits [1, size - 1, K] over the token subset `ids` (None: the vocabulary)
+    -> (verify input [1, n + 1]: `staged`, then drafts drawn from the processed q; q over
+    the vocabulary [n, V]). The verify cut shortens both: an early stop, not a rejection."""
+    if logits.shape[1] == 0:  # a one-token verify: nothing to draft
+        return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, vocab))
+    q = sampler.probs(logits[0])
+    drafted = sampler.draw(q).astype(mx.int32)
+    if ids is not None:
+        drafted = ids[drafted]
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), drafted])[None]
+    n = verify_length(logits, min_confidence, logits.shape[1] + 1)
+    return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
+
+
+def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> int:
+    """How much of a proposal to verify: all `size` tokens, or with `min_confidence` up to
+    and including the first draft the draft gives less than that probability."""
     if min_confidence is None:
-        return proposal
+        return size
     # Over a subset head this softmax omits the tokens outside it, so it slightly
     # overestimates the top draft's probability: fine for a heuristic of where to stop.
     top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
     confident = int(mx.sum(mx.cumprod((top >= min_confidence).astype(mx.int32))))
-    return proposal[:, : min(confident + 2, size)]
+    return min(confident + 2, size)
 
 
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -103,66 +136,86 @@ def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.a
     return mx.sum(mx.cumprod(match)), choice
 
 
-Proposer = Callable[[int, int, int], mx.array]  # (staged, size, position) -> verify input
+@dataclass
+class DraftProposer:
+    """The DFlash draft as the cycle's proposer: its context cache, output head and verify cut.
+
+    `propose(staged, size, position)` returns the verify input [1, <= size] (staged token
+    first); tests and the synthetic benchmark subclass it to propose other tokens while the
+    draft's context still follows every commit."""
+
+    target: TargetAdapter
+    draft: DFlashDraft
+    head: DraftHead | None = None  # None: the target's full lm_head
+    min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
+    cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
+
+    def __post_init__(self) -> None:
+        if not self.cache:
+            self.cache = self.draft.make_cache()
+
+    @property
+    def tap_ids(self) -> Sequence[int]:
+        """The target layers whose outputs feed the draft's context."""
+        return self.draft.args.target_layer_ids
+
+    def append_context(self, taps: mx.array) -> None:
+        """Add committed tokens' tapped target features to the draft's context."""
+        self.draft.append_context(taps, self.cache)
+
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
+        return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
+                       self.head)
+
+    def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler
+                        ) -> tuple[mx.array, mx.array]:
+        """-> (verify input, the draft's distribution q at each drafted position [n, V])."""
+        return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
+                               self.min_confidence, self.head)
 
 
-class AdaptiveBlock:
-    """Verify about twice the recent accepted run: a 16-token verify costs ~1.4x a 1-token
-    step on CPU, wasted when the draft lands 1-2 tokens; loops grow it back to the maximum.
-    Any size is lossless: this only trades verify cost against tokens per cycle."""
-
-    def __init__(self, largest: int, smoothing: float = 0.3) -> None:
-        self.largest, self.smoothing, self.mean = largest, smoothing, float(largest)
-
-    def size(self) -> int:
-        return max(2, min(self.largest, 2 + round(2 * self.mean)))
-
-    def update(self, accepted: int) -> None:
-        self.mean += self.smoothing * (accepted - self.mean)
-
-
-def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
+def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
-                       cache: list[Any] | None = None, draft_cache: list[Any] | None = None,
-                       proposer: Proposer | None = None, sync_phases: bool = False,
-                       adaptive: bool = False, min_confidence: float | None = None,
-                       head: DraftHead | None = None) -> Iterator[Commit]:
-    """Caches may be passed in (empty) to inspect them; `proposer` replaces the draft's
-    proposals (tests use an oracle that knows the target's continuation) and may return
-    fewer than `size` tokens. `head`: the draft's output head (default: the target's full
-    lm_head)."""
+                       cache: list[Any] | None = None, sync_phases: bool = False,
+                       sampler: Sampler | None = None) -> Iterator[Commit]:
+    """Yields the prefill's token, then one Commit per cycle. `cache` may be passed in
+    (empty) to inspect it afterwards; `sync_phases` evaluates each phase on its own so the
+    cycle stats hold device times per phase (see PhaseClock). Without a `sampler` every token
+    is the target's argmax (greedy, exact); with one, speculative sampling (sampling.py)
+    commits tokens distributed as the target's own samples."""
     cache = target.make_cache() if cache is None else cache
-    draft_cache = draft.make_cache() if draft_cache is None else draft_cache
-    if proposer is None:
-        def proposer(staged: int, size: int, position: int) -> mx.array:
-            return propose(target, draft, draft_cache, staged, size, min_confidence, head)
-    tap_ids = draft.args.target_layer_ids
+    tap_ids = proposer.tap_ids
     position = len(prompt)
-    policy = AdaptiveBlock(block_size) if adaptive else None
-    staged = int(mx.argmax(prefill(target, cache, prompt, prefill_chunk, draft, draft_cache)))
+    last = prefill(target, cache, prompt, prefill_chunk, proposer)
+    staged = int(mx.argmax(last) if sampler is None else sampler.draw(sampler.probs(last)))
     yield Commit([staged], 0)
     emitted, index = 1, 0
     while emitted < max_tokens:
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
-        size = min(policy.size() if policy else block_size, max_tokens - emitted)
+        size = min(block_size, max_tokens - emitted)
         clock = PhaseClock(sync_phases)
-        verify_in = proposer(staged, size, position)
+        if sampler is None:
+            verify_in = proposer.propose(staged, size, position)
+        else:
+            verify_in, q = proposer.propose_sampled(staged, size, position, sampler)
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
 
         target.begin_verify(cache)
         logits, taps = target.forward(verify_in, cache, tap_ids)
-        accepted, choice = accept(verify_in, logits)
-        verify_s = clock.lap(accepted, choice)
+        if sampler is None:
+            accepted, choice = accept(verify_in, logits)
+            following = choice[accepted]  # the target's argmax after the kept drafts
+        else:
+            accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
+        verify_s = clock.lap(accepted, following)
 
         a = int(accepted)
-        if policy:
-            policy.update(a)
         target.rollback(cache, keep=a + 1, verified=size)
-        draft.append_context(taps[:, : a + 1], draft_cache)
-        rollback_s = clock.lap(cache_arrays(cache, draft_cache))
+        proposer.append_context(taps[:, : a + 1])
+        rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
-        tokens = verify_in[0, 1: a + 1].tolist() + [int(choice[a])]
+        tokens = verify_in[0, 1: a + 1].tolist() + [int(following)]
         staged = tokens[-1]
         emitted += len(tokens)
         position += a + 1
@@ -171,11 +224,16 @@ def speculative_decode(target: TargetAdapter, draft: DFlashDraft, prompt: list[i
 
 
 def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
-                 prefill_chunk: int) -> Iterator[Commit]:
-    """Greedy decoding by the target alone, through mlx-lm's own generate_step."""
+                 prefill_chunk: int, sampler: Sampler | None = None) -> Iterator[Commit]:
+    """Decoding by the target alone, through mlx-lm's own generate_step: greedy, or drawing
+    from `sampler`'s processed distribution (the same one speculative sampling keeps)."""
     from mlx_lm.generate import generate_step
 
+    def sample(logprobs: mx.array) -> mx.array:
+        return sampler.draw(sampler.probs(logprobs))
+
     steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
-                          prefill_step_size=prefill_chunk)
+                          prefill_step_size=prefill_chunk,
+                          sampler=None if sampler is None else sample)
     for token, _ in steps:
         yield Commit([int(token)], 0)

@@ -222,10 +222,6 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset))
 
-    def trim_context(self, cache: list[KVCache], n: int) -> None:
-        for c in cache:
-            c.trim(n)
-
     def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
         """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H]."""
         start = cache[0].offset

@@ -31,7 +31,7 @@ from .errors import ModelNotAvailable, UnsupportedModel
 F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
 MLX_TYPES = {F32, F16, Q4_0, Q4_1, Q8_0}
 GROUP = 32  # block size of Q4_0/Q4_1/Q8_0
-TOKENIZER_VERSION = 1  # bump to rebuild cached tokenizer folders
+TOKENIZER_VERSION = 2  # bump to rebuild cached tokenizer folders
 
 # GGUF metadata value types -> struct format (8 = string, 9 = array are handled apart).
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
@@ -184,7 +184,15 @@ def load_weights(path: Path, types: dict[str, int], args: dict[str, Any],
                  dtype: mx.Dtype) -> dict[str, mx.array]:
     """mlx-lm parameter name -> dequantized weight, q/k rows back in HF order."""
     unknown = sorted({t for t in types.values() if t not in MLX_TYPES})
-    raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types)
+    try:
+        raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types)
+    except (ValueError, RuntimeError, OSError, KeyError, IndexError) as exc:
+        # A truncated or damaged file: mx.load says e.g. "Tensor ... extends past the end".
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotAvailable(
+            f"{path}: damaged GGUF ({detail}). Fix: download it again; a partial or corrupt "
+            "copy looks like this."
+        ) from exc
     weights = {}
     for name, w in raw.items():
         if name == "rope_freqs.weight":
@@ -273,37 +281,51 @@ def load_tokenizer(path: Path, metadata: dict[str, Any]) -> TokenizerWrapper:
 
 
 def tokenizer_folder(path: Path, metadata: dict[str, Any]) -> Path:
-    """`<gguf>.tokenizer/` (or one in the cache if that is read-only), rebuilt when stale."""
+    """`<gguf>.tokenizer/` (or one in the cache if that is read-only), rebuilt when stale or
+    damaged: its stamp names the GGUF it came from and the sha256 of each file written."""
     stat = path.stat()
-    stamp = {"version": TOKENIZER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    from .offline import cache_root
+    source = {"version": TOKENIZER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    from .cache import cache_root, sha256_file
 
-    for folder in (path.with_name(path.name + ".tokenizer"),
-                   cache_root() / "gguf-tokenizers" / f"{path.name}-{stat.st_size}"):
-        if _read_stamp(folder) == stamp:
-            return folder
+    folders = (path.with_name(path.name + ".tokenizer"),
+               cache_root() / "gguf-tokenizers" / f"{path.name}-{stat.st_size}")
+    for folder in folders:
+        stamp = _read_stamp(folder)
+        files = stamp.get("files") if stamp and stamp.get("source") == source else None
         try:
-            _write_tokenizer(folder, metadata, stamp)
+            if files and all(sha256_file(folder / n) == d for n, d in files.items()):
+                return folder
+        except OSError:
+            pass  # a file is missing or unreadable: rebuild
+        try:
+            _write_tokenizer(folder, metadata, source)
             return folder
         except OSError:
             continue
-    raise ModelNotAvailable(f"{path}: cannot write its tokenizer next to it or in the cache.")
+    raise ModelNotAvailable(
+        f"{path}: cannot write its tokenizer next to it or in {folders[1].parent}. Fix: make "
+        "one of them writable, or set DFLASH_CACHE_DIR to a writable folder."
+    )
 
 
 def _read_stamp(folder: Path) -> dict | None:
     try:
-        return json.loads((folder / "source.json").read_text())
+        stamp = json.loads((folder / "source.json").read_text())
     except (OSError, ValueError):
         return None
+    return stamp if isinstance(stamp, dict) else None
 
 
-def _write_tokenizer(folder: Path, metadata: dict[str, Any], stamp: dict) -> None:
+def _write_tokenizer(folder: Path, metadata: dict[str, Any], source: dict) -> None:
+    from .cache import sha256_file
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
     try:
         build_backend_tokenizer(metadata).save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata)))
-        (tmp / "source.json").write_text(json.dumps(stamp))
+        files = {n: sha256_file(tmp / n) for n in ("tokenizer.json", "tokenizer_config.json")}
+        (tmp / "source.json").write_text(json.dumps({"source": source, "files": files}))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,18 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from .draft import DFlashDraft, DraftArgs
-from .errors import DraftCheckpointError, ModelNotAvailable, PairingError, UnsupportedModel
+from .draft_head import RANKING_FILE
+from .errors import (
+    DFlashError,
+    DraftCheckpointError,
+    ModelNotAvailable,
+    PairingError,
+    UnsupportedModel,
+)
 from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, supported_pairs_text
 from .targets.base import TargetAdapter
 
 Progress = Callable[[str, "float | None"], None]
-# Optional, next to a draft's weights: token ids ranked by how often the target writes them
-# (dflash train-draft writes it). The draft then proposes from the top ones (DraftHead).
-RANKING_FILE = "token_ranking.json"
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
                 "*.jinja"]
 
@@ -88,22 +93,86 @@ def load_target(model_id: str, dtype: str | None = None,
         from .offline import smollm2_gguf_path
 
         _say(progress, "locating the offline SmolLM2 weights")
-        gguf = smollm2_gguf_path(progress=lambda m: _say(progress, m))
+        gguf = smollm2_gguf_path(progress)
         _say(progress, "loading SmolLM2-135M-Instruct (GGUF)")
-        model, tokenizer = load_gguf_target(gguf, dtype=dtype)
+        try:
+            model, tokenizer = load_gguf_target(gguf, dtype=dtype)
+        except ModelNotAvailable:
+            # Right size, wrong bytes: the full digest check finds it and fetches it again.
+            model, tokenizer = load_gguf_target(smollm2_gguf_path(progress, verify=True), dtype)
         return model, tokenizer, DEFAULT_TARGET
     from mlx_lm.utils import load
 
     path = resolve_local(model_id, progress)
+    check_target_folder(path)
     _say(progress, f"loading {model_id}")
     try:
         model, tokenizer = load(str(path))
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except Exception as exc:  # the files passed the checks above: the model itself is the issue
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsupportedModel(
-            f"mlx-lm could not load {model_id} ({exc}). Fix: pass an mlx-lm compatible model."
+            f"mlx-lm could not load {model_id} ({detail}). Fix: pass an mlx-lm compatible model."
         ) from exc
     cast_floats(model, pick_dtype(dtype))
     return model, tokenizer, model_id
+
+
+# -- files in model folders: one line naming the file, never a traceback -------------------
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+DAMAGED = "Fix: the file is damaged or cut short; download it again."
+
+
+def read_json(file: Path, error: type[DFlashError]) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{file} is unreadable ({exc.strerror or exc}). Fix: check its "
+                    "permissions, or download it again.") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise error(f"{file} is not valid JSON ({exc}). {DAMAGED}") from exc
+
+
+def check_safetensors(file: Path, error: type[DFlashError]) -> None:
+    """Cheap, no tensor read: the header parses and the tensors it lists end exactly where
+    the file ends (a truncated copy does not)."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8).ljust(8, b"\xff"))
+            if length > size - 8:
+                raise ValueError("no safetensors header")
+            header = json.loads(f.read(length))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+    except OSError as exc:
+        raise error(f"{file} is unreadable ({exc.strerror or exc}). Fix: check its "
+                    "permissions, or download it again.") from exc
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise error(f"{file} is not a safetensors file ({exc}). {DAMAGED}") from exc
+    if 8 + length + end != size:
+        raise error(f"{file} is truncated or damaged ({size} bytes; its header describes "
+                    f"{8 + length + end}). {DAMAGED}")
+
+
+def check_target_folder(path: Path) -> None:
+    """A target folder's config, weights and tokenizer files, before mlx-lm reads them."""
+    if not (path / "config.json").is_file():
+        raise ModelNotAvailable(f"{path} has no config.json. Fix: point --model at an mlx-lm "
+                                "model folder (config.json, *.safetensors, tokenizer files).")
+    read_json(path / "config.json", ModelNotAvailable)
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise ModelNotAvailable(f"{path} has no *.safetensors weights. Fix: download them.")
+    for file in weights:
+        check_safetensors(file, ModelNotAvailable)
+    if not any((path / n).is_file() for n in TOKENIZER_FILES) and not any(
+            path.glob("*.tiktoken")):
+        raise ModelNotAvailable(
+            f"{path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Fix: copy "
+            "them from the model's original repository.")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (path / name).is_file():
+            read_json(path / name, ModelNotAvailable)
 
 
 # -- draft --------------------------------------------------------------------------------
@@ -114,11 +183,14 @@ def read_draft_args(path: Path) -> DraftArgs:
             f"{path} has no config.json. Fix: point --draft at a DFlash draft folder "
             "(config.json + model.safetensors)."
         )
+    config = read_json(cfg_path, DraftCheckpointError)
     try:
-        config = json.loads(cfg_path.read_text())
         return DraftArgs.from_config(config)
-    except json.JSONDecodeError as exc:
-        raise DraftCheckpointError(f"{cfg_path} is not valid JSON ({exc}).") from exc
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise DraftCheckpointError(
+            f"{cfg_path} is not a DFlash draft config ({exc}). Fix: use a checkpoint in the "
+            "z-lab *-DFlash layout."
+        ) from exc
     except KeyError as exc:
         raise DraftCheckpointError(
             f"{cfg_path} lacks {exc.args[0]}: not a DFlash draft config. Fix: use a checkpoint "
@@ -133,6 +205,7 @@ def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
         raise DraftCheckpointError(f"{path} has no *.safetensors weights. Fix: re-download it.")
     weights: dict[str, mx.array] = {}
     for f in files:
+        check_safetensors(f, DraftCheckpointError)
         try:
             weights.update(mx.load(str(f)))
         except Exception as exc:

@@ -9,15 +9,16 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
-from .cycle import Commit, plain_decode, speculative_decode
+from .cycle import Commit, DraftProposer, plain_decode, speculative_decode
 from .draft import DFlashDraft
 from .draft_head import build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .kernels import current_backend
 from .loading import Progress, load_draft, load_target
 from .registry import DEFAULT_TARGET
+from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
 from .targets.base import TargetAdapter
 
@@ -25,10 +26,7 @@ Prompt = str | Sequence[dict] | Sequence[int]
 
 
 def peak_memory() -> int:
-    try:
-        return int(mx.get_peak_memory())
-    except AttributeError:  # older MLX
-        return int(mx.metal.get_peak_memory())
+    return int(mx.get_peak_memory())
 
 
 class DFlashRuntime:
@@ -40,14 +38,13 @@ class DFlashRuntime:
         self.model = model
         self.tokenizer = tokenizer
         self.draft = draft
-        self.target = target or adapter_for(model, self.config.enable_tape_replay,
-                                            self.config.kernels)
+        self.target = target or adapter_for(model)
         self.target.warm_up()  # native kernels compile here, not mid-reply
-        self.min_confidence = self.config.min_confidence_for(current_backend())
+        self.min_confidence = self.config.min_confidence()
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
-        top_k = self.config.draft_vocab_for(current_backend(), bool(token_ranking))
+        top_k = self.config.draft_vocab_for(device.current(), bool(token_ranking))
         if top_k is not None and self.target.head_rows(mx.array([0])) is None:
             top_k = None  # a head that is more than a projection: rows would not match it
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
@@ -63,7 +60,7 @@ class DFlashRuntime:
         config = config or DFlashConfig()
         model_id = model or DEFAULT_TARGET
         target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
-        adapter = adapter_for(target_model, config.enable_tape_replay, config.kernels)
+        adapter = adapter_for(target_model)
         # The draft computes in the target's dtype (its hidden states feed the draft).
         dtype = target_model_dtype(target_model)
         draft_model, draft_id, ranking = load_draft(model_id, draft, adapter, dtype, progress)
@@ -100,7 +97,7 @@ class DFlashRuntime:
         return {
             "target": self.target_id,
             "draft": self.draft_id,
-            "backend": current_backend(),
+            "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
@@ -111,11 +108,20 @@ class DFlashRuntime:
     # -- generation --------------------------------------------------------------------
     def stream_generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
                         speculative: bool = True, chat_template_args: dict | None = None,
-                        block_size: int | None = None) -> Iterator[Span | Finished]:
+                        block_size: int | None = None, profile: bool = False,
+                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                        min_p: float = 0.0, seed: int | None = None
+                        ) -> Iterator[Span | Finished]:
         """Yields a Span per committed group of tokens, then one Finished.
-        `block_size` overrides the runtime's for this call (2..16)."""
+        `block_size` overrides the runtime's for this call (2..16). `profile` evaluates each
+        cycle phase on its own, so the cycle stats hold device times per phase (a few more
+        syncs per cycle; benchmarks use it). `temperature` 0 (the default) is greedy and
+        exact; above 0 the reply is sampled (after top_k, top_p and min_p filters) with the
+        target's own distribution kept by speculative sampling; `seed` makes it repeatable."""
         if max_tokens < 1:
             raise PromptError(f"max_tokens={max_tokens}: ask for at least 1 token.")
+        params = SamplingParams(temperature, top_p, top_k, min_p, seed)
+        sampler = None if params.greedy else Sampler(params)
         block_size = block_size or self.block_size
         if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
             raise ConfigError(
@@ -131,20 +137,20 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         if use_draft:
-            commits = self._speculative(ids, max_tokens, block_size)
+            commits = self._speculative(ids, max_tokens, block_size, profile, sampler)
         else:
-            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk)
+            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk,
+                                   sampler)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
 
-    def _speculative(self, ids: list[int], max_tokens: int, block_size: int
-                     ) -> Iterator[Commit]:
+    def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
+                     sampler: Sampler | None) -> Iterator[Commit]:
         # The request's draft head is built on the first next(), so the timings (ttft) count it.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
-        yield from speculative_decode(self.target, self.draft, ids, max_tokens, block_size,
-                                      self.config.prefill_chunk,
-                                      sync_phases=self.config.sync_phases,
-                                      adaptive=self.config.adaptive_block,
-                                      min_confidence=self.min_confidence, head=head)
+        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence)
+        yield from speculative_decode(self.target, proposer, ids, max_tokens, block_size,
+                                      self.config.prefill_chunk, sync_phases=profile,
+                                      sampler=sampler)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
                use_draft: bool, fallback: str | None, block_size: int
@@ -215,9 +221,13 @@ class DFlashRuntime:
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
                  speculative: bool = True, chat_template_args: dict | None = None,
-                 block_size: int | None = None) -> GenerationResult:
+                 block_size: int | None = None, profile: bool = False,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 min_p: float = 0.0, seed: int | None = None) -> GenerationResult:
+        """stream_generate, collected: the Finished event's result."""
         for event in self.stream_generate(prompt, max_tokens, no_eos, speculative,
-                                          chat_template_args, block_size):
+                                          chat_template_args, block_size, profile,
+                                          temperature, top_p, top_k, min_p, seed):
             if isinstance(event, Finished):
                 return event.result
         raise RuntimeError("stream ended without a result")  # pragma: no cover

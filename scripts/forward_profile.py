@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -24,12 +25,13 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
             sizes: tuple[int, ...] = (1, 16)) -> dict:
     import mlx.core as mx
 
-    from engine.bench import machine_info, versions
-    from engine.cycle import cache_arrays, prefill
-    from engine.kernels import current_backend
+    from engine.bench.environment import machine_info, versions
+    from engine.cycle import prefill
+    from engine.device import current as current_backend
     from engine.loading import load_target
     from engine.registry import default_pair
     from engine.targets import adapter_for
+    from engine.targets.base import cache_arrays
 
     model, _, name = load_target(model_id or default_pair().target, dtype)
     target = adapter_for(model)
@@ -80,6 +82,7 @@ def main() -> int:
               f"{row['eval_ms']:.2f} ms, total {row['total_ms']:.2f} ms")
     print(f"T16 / T1: {result['t16_over_t1']:.2f}")
     if args.json:
+        result = {"command": shlex.join(sys.argv), **result}
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
+from engine import device  # noqa: E402
 from engine.kernels import PORTABLE, GatedDeltaKernels, native_kernels  # noqa: E402
 
 # (name, B, Hk, Hv, Dk, Dv, dtype, vector gate, T values)
@@ -49,7 +50,7 @@ Y_TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def cuda_available() -> bool:
-    return hasattr(mx, "cuda") and mx.cuda.is_available()
+    return device.present("cuda")
 
 
 def make_inputs(B: int, T: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, vec: bool,
@@ -180,7 +181,7 @@ def check_adapter(kernels: GatedDeltaKernels) -> dict:
     """A small qwen3_5 with real GDN head dims through GatedDeltaAdapter + the kernels."""
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-    from engine.synthetic import build_target
+    from engine.bench.synthetic import build_target
     from engine.targets.gated_delta import GatedDeltaAdapter
 
     config = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
@@ -219,7 +220,7 @@ def check_adapter(kernels: GatedDeltaKernels) -> dict:
 
 # -- main -----------------------------------------------------------------------------------
 def run(out_path: Path | None, iters: int = 50) -> dict:
-    from engine.bench import machine_info, versions
+    from engine.bench.environment import machine_info, versions
 
     started = time.perf_counter()
     report: dict[str, Any] = {"script": "scripts/gpu_checks.py", "machine": machine_info(),

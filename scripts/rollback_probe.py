@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -22,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str) -> dict:
     import mlx.core as mx
 
-    from engine.cycle import cache_arrays, prefill
-    from engine.synthetic import build_target
+    from engine.bench.synthetic import build_target
+    from engine.cycle import prefill
     from engine.targets import adapter_for
+    from engine.targets.base import cache_arrays
 
     model = build_target(name, layers, None, dtype, 0)
     target = adapter_for(model, enable_tape_replay=True, kernels=kernels)
@@ -73,6 +75,7 @@ def main() -> int:
            "runs": [probe(args.model, args.layers, args.dtype, args.ctx, args.iters, k)
                     for k in ("auto", "portable")]}
     if args.json:
+        out = {"command": shlex.join(sys.argv), **out}
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -8,13 +8,12 @@ import pytest
 
 # Tests never touch the network or the user's real data.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("DFLASH_NO_BLAS_REEXEC", "1")
 
 
 @pytest.fixture(scope="session")
 def tiny_pairs(tmp_path_factory):
     """family -> (target_dir, draft_dir), built once per session."""
-    from engine.testing import make_tiny_pair
+    from tiny_pairs import make_tiny_pair
 
     root = tmp_path_factory.mktemp("pairs")
     cache: dict[str, tuple] = {}

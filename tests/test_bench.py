@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from engine import bench
-from engine.bench import BenchPrompt, benchmark_main, load_prompts, run_benchmark
-from engine.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from engine.bench import compare as bench
+from engine.bench.compare import benchmark_main, run_benchmark
+from engine.bench.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from engine.bench.suites import PACKAGED_SUITES, SUITES, BenchPrompt, load_prompts
 
 RUN_KEYS = {"prompt_id", "prompt_tokens", "baseline", "dflash", "speedup", "token_match",
             "repeat4_share"}
@@ -65,12 +66,29 @@ def test_run_benchmark_python_api_with_eos_and_repeats(tiny_pairs):
     assert len(report["runs"][0]["repeats"]) == 2
 
 
+def test_sampled_benchmark_reports_speed_without_a_token_match(tiny_pairs, tmp_path, capsys):
+    target, draft = tiny_pairs("llama")
+    out = tmp_path / "sampled.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                         "--max-tokens", "12", "--no-eos", "--temperature", "0.7",
+                         "--seed", "1", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["greedy"] is False
+    assert report["settings"]["sampling"]["temperature"] == 0.7
+    assert report["summary"]["token_match"] is None and report["runs"][0]["token_match"] is None
+    assert report["baseline_function"].endswith("make_sampler")
+    assert report["runs"][0]["dflash"]["generated_tokens"] == 12
+    assert benchmark_main(["--prompt", "Hi", "--temperature", "-0.5"]) == 2
+    assert "temperature=-0.5 is invalid" in capsys.readouterr().err
+
+
 def test_token_mismatch_exits_1(tiny_pairs, prompt_file, tmp_path, monkeypatch, capsys):
     target, draft = tiny_pairs("llama")
     real = bench.run_dflash
 
-    def broken(rt, ids, max_tokens, no_eos):
-        side, result = real(rt, ids, max_tokens, no_eos)
+    def broken(*args):
+        side, result = real(*args)
         side.tokens = [t + 1 for t in side.tokens]
         return side, result
 
@@ -115,12 +133,34 @@ def test_missing_suite_file_is_a_clear_error(tmp_path, capsys):
     assert benchmark_main(["--prompt", "hi", "--repeat", "0"]) == 2
 
 
-def test_suites_read_shared_data(tmp_path, monkeypatch):
+def test_data_dir_and_env_override_the_packaged_suites(tmp_path, monkeypatch):
     (tmp_path / "gsm8k_100.jsonl").write_text(json.dumps({"prompt": "2+2?", "id": "a"}) + "\n")
     monkeypatch.setenv("DFLASH_EVAL_DATA", str(tmp_path))
     prompts, fmt = load_prompts(suite="gsm8k")
     assert prompts == [BenchPrompt("a", "2+2?")] and "chat message" in fmt
     monkeypatch.delenv("DFLASH_EVAL_DATA")
-    if (bench.REPO_ROOT.parent / "shared" / "data" / "humaneval.jsonl.gz").is_file():
-        prompts, fmt = load_prompts(suite="humaneval", limit=2)
-        assert len(prompts) == 2 and prompts[0].text.startswith("Complete the following")
+    assert load_prompts(suite="gsm8k", data_dir=str(tmp_path))[0] == prompts
+
+
+@pytest.mark.parametrize("suite,count,first_id", [("mt-bench", 80, "81"),
+                                                  ("humaneval", 164, "HumanEval/0"),
+                                                  ("gsm8k", 100, "gsm8k-test-0013")])
+def test_packaged_suites_load_without_any_data_folder(suite, count, first_id, monkeypatch):
+    monkeypatch.delenv("DFLASH_EVAL_DATA", raising=False)
+    prompts, _ = load_prompts(suite=suite)
+    assert len(prompts) == count and prompts[0].id == first_id
+    assert all(p.text.strip() for p in prompts)
+    if suite == "humaneval":
+        assert prompts[0].text.startswith("Complete the following Python function.")
+    assert len(load_prompts(suite=suite, limit=2)[0]) == 2
+
+
+def test_packaged_suites_carry_their_licences():
+    notice = (PACKAGED_SUITES / "NOTICE.md").read_text()
+    for name in SUITES.values():
+        assert (PACKAGED_SUITES / name).is_file() and name in notice
+    assert "MIT License" in notice and "Copyright (c) 2021 OpenAI" in notice
+    assert "Apache License" in (PACKAGED_SUITES / "LICENSE-Apache-2.0.txt").read_text()
+    # ...and an installed copy has them: the package data names the folder.
+    pyproject = (PACKAGED_SUITES.parents[3] / "pyproject.toml").read_text()
+    assert '"bench/data/suites/*"' in pyproject

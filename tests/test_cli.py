@@ -24,10 +24,12 @@ def test_bad_block_size_is_a_clear_error(tiny_pairs, capsys):
     assert "Traceback" not in err
 
 
-def test_unregistered_model_lists_pairs(capsys, tmp_path):
-    code = main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "Hi"])
+def test_missing_model_folder_is_a_one_line_error(capsys, tmp_path):
+    missing = tmp_path / "nope"
+    code = main(["generate", "--model", str(missing), "--prompt", "Hi"])
     err = capsys.readouterr().err
-    assert code == 2 and "no such folder" in err
+    assert code == 2 and f"{missing}: no such folder. Fix: check the path." in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_models_table(capsys, monkeypatch):

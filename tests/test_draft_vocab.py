@@ -12,7 +12,7 @@ import mlx.nn as nn
 import pytest
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import prefill, propose, speculative_decode
+from engine.cycle import DraftProposer, prefill, propose, speculative_decode
 from engine.draft_head import DraftHead, build_draft_head
 from engine.loading import load_target
 from engine.targets import adapter_for
@@ -102,13 +102,14 @@ def test_subset_head_is_lossless_and_proposes_only_subset_tokens(tiny_pairs, fam
     outside = [t for t in want if t not in keep]
     assert len(outside) > len(want) // 3  # the target often writes tokens the draft cannot
     for cut in (None, 0.3):
-        commits = list(speculative_decode(target, draft, ids, 80, 16, 512, min_confidence=cut,
-                                          head=head))
+        proposer = DraftProposer(target, draft, head, min_confidence=cut)
+        commits = list(speculative_decode(target, proposer, ids, 80, 16, 512))
         assert [t for c in commits for t in c.tokens] == want, cut
 
     # Every proposal lies in the subset; the full head does propose tokens outside it.
-    cache, dcache = target.make_cache(), draft.make_cache()
-    prefill(target, cache, ids, 512, draft, dcache)
+    cache, proposer = target.make_cache(), DraftProposer(target, draft)
+    prefill(target, cache, ids, 512, proposer)
+    dcache = proposer.cache
     drafted, full = set(), set()
     for staged in range(0, target.vocab_size, 11):
         drafted |= set(propose(target, draft, dcache, staged, 16, head=head)[0, 1:].tolist())
@@ -128,7 +129,8 @@ def test_subset_indices_map_back_to_token_ids(tiny_pairs):
     subset = mx.array(sorted(set(want)), dtype=mx.int32)
     assert subset.size == 2 and subset.tolist() != [0, 1]
     head = DraftHead(rt.target, subset, rt.target.head_rows(subset))
-    commits = list(speculative_decode(rt.target, rt.draft, ids, 80, 16, 512, head=head))
+    commits = list(speculative_decode(rt.target, DraftProposer(rt.target, rt.draft, head), ids,
+                                      80, 16, 512))
     assert [t for c in commits for t in c.tokens] == want
     assert sum(c.n_draft for c in commits) > 40
 
@@ -166,7 +168,7 @@ def test_draft_vocab_config_validates_and_auto_is_cpu_only():
 
 
 def test_draft_vocab_flag_parses_for_generate_and_benchmark():
-    from engine.bench import build_parser as bench_parser
+    from engine.bench.compare import build_parser as bench_parser
     from engine.config import config_from_args, vocab_arg
 
     assert [vocab_arg(t) for t in ("auto", "off", "256", "8192")] == ["auto", None, 256, 8192]
@@ -190,7 +192,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
     real = engine.runtime.speculative_decode
 
     def spy(*args, **kwargs):  # the head the runtime hands the loop
-        heads.append(kwargs["head"])
+        heads.append(args[1].head)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine.runtime, "speculative_decode", spy)
@@ -212,7 +214,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
 
 
 def test_cli_reports_the_draft_vocab(ranked, tmp_path, capsys):
-    from engine.bench import benchmark_main
+    from engine.bench.compare import benchmark_main
     from engine.cli import main
 
     target, draft, _ = ranked

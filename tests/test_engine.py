@@ -10,8 +10,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import prefill, speculative_decode
+from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.events import Finished, Span
+from engine.targets import adapter_for
 
 FAMILIES = ["llama", "qwen3", "qwen3_5"]
 PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
@@ -41,10 +42,13 @@ def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
 
 def test_rerun_rollback_matches_tape_replay_end_to_end(tiny_pairs):
     tape = load(tiny_pairs, "qwen3_5")
-    # Also one run per phase-sync mode: profiling must not change the output.
-    rerun = load(tiny_pairs, "qwen3_5", enable_tape_replay=False, sync_phases=True)
+    rerun = DFlashRuntime(tape.model, tape.tokenizer, tape.draft, tape.config,
+                          target=adapter_for(tape.model, enable_tape_replay=False))
+    assert rerun.target.enable_tape_replay is False
     ids = tape.encode("What is 12 times 7?")
-    assert tape.generate(ids, 80, no_eos=True).tokens == rerun.generate(ids, 80, no_eos=True).tokens
+    want = tape.generate(ids, 80, no_eos=True).tokens
+    # Also one run per phase-sync mode: profiling must not change the output.
+    assert rerun.generate(ids, 80, no_eos=True, profile=True).tokens == want
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -68,17 +72,20 @@ def cache_tensors(cache):
     return out
 
 
-def oracle(truth, error_at):
-    """Proposes the target's true continuation, wrong from draft slot `error_at` on."""
+class Oracle(DraftProposer):
+    """Proposes the target's true continuation, wrong from draft slot `error_at` on; the
+    draft's context still follows every commit."""
 
-    def propose(staged, size, position):
-        drafted = list(truth[position + 1: position + size])
+    def __init__(self, rt, truth, error_at):
+        super().__init__(rt.target, rt.draft)
+        self.truth, self.error_at = truth, error_at
+
+    def propose(self, staged, size, position):
+        drafted = list(self.truth[position + 1: position + size])
         drafted += [0] * (size - 1 - len(drafted))
-        if error_at < len(drafted):
-            drafted[error_at] = (drafted[error_at] + 1) % 50
+        if self.error_at < len(drafted):
+            drafted[self.error_at] = (drafted[self.error_at] + 1) % 50
         return mx.array([[staged] + drafted])
-
-    return propose
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -88,9 +95,8 @@ def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, 
     truth_gen = mlx_lm_greedy(rt, ids, 70)
     truth = ids + truth_gen  # truth[position] is the token at that position
     for error_at in list(range(16)) + [16]:  # 16: every draft right (full acceptance)
-        cache, dcache = rt.target.make_cache(), rt.draft.make_cache()
-        commits = speculative_decode(rt.target, rt.draft, ids, 64, 16, 512, cache, dcache,
-                                     proposer=oracle(truth, error_at))
+        cache, oracle = rt.target.make_cache(), Oracle(rt, truth, error_at)
+        commits = speculative_decode(rt.target, oracle, ids, 64, 16, 512, cache)
         tokens = []
         for commit in commits:
             tokens += commit.tokens
@@ -109,9 +115,9 @@ def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, 
             assert got.shape == want.shape
             assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item(), error_at
         # The draft's context cache holds exactly the committed tokens' projected features.
-        ref_d = rt.draft.make_cache()
-        prefill(rt.target, rt.target.make_cache(), fed, 512, rt.draft, ref_d)
-        for got, want in zip(dcache, ref_d):
+        ref_d = DraftProposer(rt.target, rt.draft)
+        prefill(rt.target, rt.target.make_cache(), fed, 512, ref_d)
+        for got, want in zip(oracle.cache, ref_d.cache):
             assert got.offset == want.offset == len(fed)
             gk, gv = got.keys_and_values()
             wk, wv = want.keys_and_values()
@@ -171,23 +177,6 @@ def test_chat_messages_use_the_template(tiny_pairs):
     assert rt.generate(messages, max_tokens=5, no_eos=True).total_tokens == 5
 
 
-def test_adaptive_block_sizes_follow_acceptance_and_stay_lossless(tiny_pairs):
-    from engine.cycle import AdaptiveBlock
-
-    policy = AdaptiveBlock(16)
-    assert policy.size() == 16
-    for _ in range(20):
-        policy.update(0)
-    assert policy.size() == 2  # a draft that never lands: verify 2, not 16
-    for _ in range(20):
-        policy.update(15)
-    assert policy.size() == 16  # loops: back to the full block
-    rt = load(tiny_pairs, "qwen3_5", adaptive_block=True)
-    ids = rt.encode("Hello world")
-    result = rt.generate(ids, max_tokens=60, no_eos=True)
-    assert result.tokens == mlx_lm_greedy(rt, ids, 60)
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family):
     rt = load(tiny_pairs, family)
@@ -195,8 +184,8 @@ def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family)
     want = mlx_lm_greedy(rt, ids, 60)
     sizes = {}
     for cut in (1e-12, 0.5, 1.0):
-        commits = list(speculative_decode(rt.target, rt.draft, ids, 60, 16, 512,
-                                          min_confidence=cut))
+        proposer = DraftProposer(rt.target, rt.draft, min_confidence=cut)
+        commits = list(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
         assert [t for c in commits for t in c.tokens] == want, cut
         sizes[cut] = [c.cycle.block_size for c in commits if c.cycle]
     assert sizes[1e-12][0] == 16  # every draft clears a tiny cut: the whole block
@@ -208,16 +197,14 @@ def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family)
         DFlashConfig(min_draft_confidence=0.0)
 
 
-def test_min_confidence_auto_is_cpu_only_and_the_flag_parses():
+def test_min_confidence_auto_resolves_to_the_default_and_the_flag_parses():
     import argparse
 
     from engine.config import DEFAULT_MIN_CONFIDENCE, confidence_arg
 
-    auto = DFlashConfig()
-    assert auto.min_confidence_for("cpu") == DEFAULT_MIN_CONFIDENCE
-    assert auto.min_confidence_for("cuda") == auto.min_confidence_for("metal") == 0.4
-    assert DFlashConfig(min_draft_confidence=None).min_confidence_for("cpu") is None
-    assert DFlashConfig(min_draft_confidence=0.7).min_confidence_for("cuda") == 0.7
+    assert DFlashConfig().min_confidence() == DEFAULT_MIN_CONFIDENCE == 0.4
+    assert DFlashConfig(min_draft_confidence=None).min_confidence() is None
+    assert DFlashConfig(min_draft_confidence=0.7).min_confidence() == 0.7
     assert [confidence_arg(t) for t in ("auto", "off", "0.25")] == ["auto", None, 0.25]
     for bad in ("0", "1.5", "often"):
         with pytest.raises(argparse.ArgumentTypeError, match="probability"):
@@ -226,11 +213,19 @@ def test_min_confidence_auto_is_cpu_only_and_the_flag_parses():
         DFlashConfig(min_draft_confidence="sometimes")
 
 
-def test_config_kernels_mode_reaches_the_adapter(tiny_pairs, monkeypatch):
-    from engine import kernels
+def test_kernels_mode_reaches_the_adapter(tiny_pairs, monkeypatch):
+    """The adapter's kernels option (default: $DFLASH_KERNELS) picks the GatedDeltaNet kernels:
+    fused ones where the backend has them, never with "portable"."""
+    from engine import device, kernels
 
-    fake = kernels.GatedDeltaKernels("fake-native", kernels.gated_delta_verify,
-                                     kernels.tape_replay)
-    monkeypatch.setitem(kernels.NATIVE, kernels.current_backend(), fake)
-    assert load(tiny_pairs, "qwen3_5").target.kernels is fake
-    assert load(tiny_pairs, "qwen3_5", kernels="portable").target.kernels is kernels.PORTABLE
+    rt = load(tiny_pairs, "qwen3_5")
+    monkeypatch.setattr(device, "present", lambda b: True)  # pretend CUDA is here
+    monkeypatch.setattr(device, "current", lambda: "cuda")
+    monkeypatch.delenv("DFLASH_KERNELS", raising=False)
+    assert adapter_for(rt.model).kernels.name == "cuda"
+    assert adapter_for(rt.model, kernels="portable").kernels is kernels.PORTABLE
+    monkeypatch.setenv("DFLASH_KERNELS", "portable")  # the one off-switch
+    assert adapter_for(rt.model).kernels is kernels.PORTABLE
+    monkeypatch.setenv("DFLASH_KERNELS", "fast")
+    with pytest.raises(ValueError, match="DFLASH_KERNELS"):
+        adapter_for(rt.model)

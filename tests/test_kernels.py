@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 
 import engine.kernels as kernels
+from engine import device
 from engine.kernels import PORTABLE, cuda, metal, portable, select
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,62 +29,51 @@ def load_gpu_checks():
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """NATIVE rebuilt under a pretend backend; restored to the real one afterwards."""
-    yield monkeypatch
-    monkeypatch.undo()
-    kernels.register_native()
+def pretend(monkeypatch):
+    """Pretend `backend` is this machine's: present and current."""
+    from engine import device
+
+    def set_backend(backend):
+        monkeypatch.setattr(device, "present", lambda b: b in ("cpu", backend))
+        monkeypatch.setattr(device, "current", lambda: backend)
+
+    monkeypatch.delenv("DFLASH_KERNELS", raising=False)
+    return set_backend
 
 
 # -- selection ----------------------------------------------------------------------------
-def test_portable_on_cpu_and_by_default():
-    assert select("cpu") is PORTABLE
+def test_portable_on_cpu_and_when_asked(pretend):
+    pretend("cpu")
+    assert select() is PORTABLE and select("cpu") is PORTABLE
+    assert select("cpu", mode="native") is PORTABLE  # no fused kernels for the CPU
     assert select(mode="portable") is PORTABLE
-    if not kernels.native_enabled("cuda") and not kernels.native_enabled("metal"):
-        assert kernels.NATIVE == {}
-        assert select() is PORTABLE
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kernels mode 'fast'"):
         select(mode="fast")
 
 
-@pytest.mark.parametrize("backend", ["cuda", "metal"])
-def test_native_registers_only_when_present_and_enabled(registry, backend):
-    env = kernels.ENABLE_ENV[backend]
-    registry.setattr(kernels, "backend_present", lambda b: b == backend)
-    registry.setenv(env, "0")
-    kernels.register_native()
-    assert kernels.NATIVE == {} and select(backend) is PORTABLE
-
-    registry.setenv(env, "1")
-    kernels.register_native()
-    assert set(kernels.NATIVE) == {backend}
-    chosen = select(backend)
-    assert chosen.name == backend and chosen is not PORTABLE
-    mod = cuda if backend == "cuda" else metal
-    assert chosen.verify is mod.gated_delta_verify and chosen.replay is mod.tape_replay
-    assert select(backend, mode="portable") is PORTABLE
-    assert select("cpu") is PORTABLE
-
-    registry.setattr(kernels, "backend_present", lambda b: False)  # enabled, absent
-    kernels.register_native()
-    assert kernels.NATIVE == {}
+def test_auto_picks_only_proven_kernels(pretend):
+    pretend("cuda")
+    chosen = select()
+    assert chosen.name == "cuda" and chosen.verify is cuda.gated_delta_verify
+    assert chosen.replay is cuda.tape_replay
+    pretend("metal")
+    assert select() is PORTABLE  # Metal is unproven: opt in with "native"
+    chosen = select(mode="native")
+    assert chosen.verify is metal.gated_delta_verify and chosen.replay is metal.tape_replay
 
 
-def test_cuda_on_by_default_metal_opt_in(registry):
-    registry.setattr(kernels, "backend_present", lambda b: True)
-    registry.delenv("DFLASH_CUDA_KERNELS", raising=False)
-    registry.delenv("DFLASH_METAL_KERNELS", raising=False)
-    kernels.register_native()
-    assert set(kernels.NATIVE) == {"cuda"}
+def test_absent_backend_never_gets_fused_kernels(pretend):
+    pretend("cpu")
+    assert select("cuda") is PORTABLE and select("metal", mode="native") is PORTABLE
 
 
-def test_other_flag_values_do_not_enable(registry):
-    registry.setattr(kernels, "backend_present", lambda b: True)
-    for value in ("0", "", "true"):
-        registry.setenv("DFLASH_CUDA_KERNELS", value)
-        registry.delenv("DFLASH_METAL_KERNELS", raising=False)
-        kernels.register_native()
-        assert "cuda" not in kernels.NATIVE
+def test_env_is_the_default_mode_and_the_off_switch(pretend, monkeypatch):
+    pretend("cuda")
+    monkeypatch.setenv("DFLASH_KERNELS", "portable")
+    assert select() is PORTABLE
+    assert select(mode="auto").name == "cuda"  # an explicit option wins over the default
+    monkeypatch.setenv("DFLASH_KERNELS", "")
+    assert select().name == "cuda"
 
 
 # -- launch plans -----------------------------------------------------------------------
@@ -227,7 +217,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
 
 
 # -- on the device ----------------------------------------------------------------------------
-CUDA = hasattr(mx, "cuda") and mx.cuda.is_available()
+CUDA = device.present("cuda")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -238,7 +228,7 @@ def test_cuda_kernels_match_portable(case):
     assert result["pass"], result
 
 
-@pytest.mark.skipif(not mx.metal.is_available(), reason="needs Metal")
+@pytest.mark.skipif(not device.present("metal"), reason="needs Metal")
 @pytest.mark.parametrize("case", [0, 4])
 def test_metal_kernels_match_portable(case):
     checks = load_gpu_checks()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.synthetic import MODELS, load_spec, oracle_proposer, synthetic_main, target_config
+from engine.bench.synthetic import MODELS, Oracle, load_spec, synthetic_main, target_config
 
 TINY = ["--override", "hidden_size=64", "--override", "intermediate_size=128",
         "--override", "vocab_size=256", "--override", "linear_num_key_heads=2",
@@ -33,12 +33,11 @@ def test_configs_load_with_real_shapes():
 
 def test_oracle_hits_the_mean_and_marks_the_reject():
     ref = list(range(10, 1000))
-    oracle = oracle_proposer(ref, prompt_len=5, tokens_per_cycle=9.6, block_size=16,
-                             vocab=2000, seed=3)
+    oracle = Oracle(ref, prompt_len=5, tokens_per_cycle=9.6, block_size=16, vocab=2000, seed=3)
     accepted = []
     for cycle in range(400):
         emitted = 1 + cycle  # any position works: the oracle indexes the reference
-        block = oracle(ref[emitted - 1], 16, 5 + emitted - 1)[0].tolist()
+        block = oracle(ref[emitted - 1], 16, 5 + emitted - 1)
         assert block[0] == ref[emitted - 1] and len(block) == 16
         a = next((i for i, t in enumerate(block[1:]) if t != ref[emitted + i]), 15)
         accepted.append(a)

@@ -7,13 +7,13 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_pairs import make_tiny_pair
 
 from engine.cycle import propose
 from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
-from engine.testing import make_tiny_pair
 from engine.train.dataset import Dataset, token_ranking, write_token_ranking
 from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
 from engine.train.objective import (
@@ -186,7 +186,7 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
     assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
 
 
-def test_extra_data_adds_training_sequences_only(pair, tmp_path):
+def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     target_dir, *_ = pair
     extra = Dataset([[1, 2, 3, 4, 5, 6]] * 7, [2] * 7)
     extra.save(tmp_path / "extra.npz")
@@ -195,8 +195,10 @@ def test_extra_data_adds_training_sequences_only(pair, tmp_path):
             "--num-prompts", "10", "--gen-batch", "10", "--val-size", "2", "--no-progress",
             "--extra-data", str(tmp_path / "extra.npz")]
     log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
-    assert log["data"]["train_sequences"] == log["data"]["sequences"] - 2 + 7
-    assert log["data"]["val_sequences"] == 2
+    # every data file holds back its own validation sequences (7 // 5 = 1 of the extra)
+    assert log["data"]["train_sequences"] == log["data"]["sequences"] - 2 + 6
+    assert log["data"]["val_sets"] == {"data.npz": 2, "extra.npz": 1}
+    assert set(log["final_val_sets"]) == {"data.npz", "extra.npz"}
     ranking = json.loads((tmp_path / "d" / "token_ranking.json").read_text())
     assert {3, 4, 5, 6} <= set(ranking["token_ids"][:8])  # 7 answers each: counted
     assert "extra.npz" in ranking["source"]
@@ -234,27 +236,27 @@ def test_prompt_set_is_diverse_and_seeded():
                                  "word_problem", "science"}
 
 
-def test_greedy_batch_equals_single_greedy(pair):
+def test_continue_batch_equals_single_greedy(pair):
     from engine.cycle import plain_decode
-    from engine.train.generate import greedy_batch
+    from engine.train.generate import continue_batch
 
     _, _, model, tokenizer = pair
     target = adapter_for(model)
     prompts = [[5, 17, 40, 2, 99], [7, 61, 88, 9, 33], [1, 2, 3, 4, 5]]
-    got = greedy_batch(model, prompts, 10, eos={10_000})
+    got = continue_batch(model, prompts, 10, eos={10_000})
     for p, g in zip(prompts, got):
         want = [t for c in plain_decode(target, p, 10, 64) for t in c.tokens]
         assert g == want
 
 
-def test_greedy_batch_left_pads_mixed_lengths(pair):
+def test_continue_batch_left_pads_mixed_lengths(pair):
     from engine.cycle import plain_decode
-    from engine.train.generate import greedy_batch
+    from engine.train.generate import continue_batch
 
     _, _, model, _ = pair
     target = adapter_for(model)
     prompts = [[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4]]
-    got = greedy_batch(model, prompts, 10, eos={10_000})
+    got = continue_batch(model, prompts, 10, eos={10_000})
     for p, g in zip(prompts, got):
         want = [t for c in plain_decode(target, p, 10, 64) for t in c.tokens]
         assert g == want

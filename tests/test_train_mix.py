@@ -10,10 +10,10 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_pairs import make_tiny_pair
 
+from engine.bench.metrics import loop_start
 from engine.loading import load_draft_folder, load_target
-from engine.metrics import loop_start
-from engine.testing import make_tiny_pair
 from engine.train.collect import Collector, MixConfig
 from engine.train.dataset import encode_prompts
 from engine.train.generate import continue_batch, cut_loops, loop_starts

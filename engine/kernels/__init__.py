@@ -1,10 +1,15 @@
-"""GatedDeltaNet verify/replay kernels, picked once per backend.
+"""GatedDeltaNet verify/replay kernels: the portable MLX implementation, or fused ones.
 
-The portable pure-MLX implementation runs anywhere. Fused CUDA/Metal kernels register in
-`NATIVE` under their backend name, only when that backend is present AND they are enabled.
-CUDA: on by default since scripts/gpu_checks.py passed on an H200 (benchmarks/gpu_checks-h200
-.json); DFLASH_CUDA_KERNELS=0 turns them off. Metal: never run yet, so off unless
-DFLASH_METAL_KERNELS=1. `select` in "auto" mode prefers them.
+The portable pure-MLX implementation runs anywhere. Fused CUDA and Metal twins
+(`cuda.py`, `metal.py`) compute the same thing in one kernel launch. `select` picks per
+adapter, by mode:
+  "auto"      the fused kernels of the current backend when they are proven on hardware
+              (CUDA: scripts/gpu_checks.py passes, benchmarks/gpu_checks-h200.json), else
+              portable. Metal has never run on a Mac, so "auto" never picks it.
+  "portable"  never fused: the one off-switch.
+  "native"    the current backend's fused kernels even when unproven (Metal testers).
+The mode is an adapter option (`adapter_for(model, kernels=...)`); its default comes from
+$DFLASH_KERNELS, so a CLI or TUI user turns the fused kernels off with DFLASH_KERNELS=portable.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import mlx.core as mx
 
+from .. import device
+from ..errors import ConfigError
 from .portable import Tape, gated_delta_verify, tape_replay
 
 
@@ -29,19 +35,13 @@ class GatedDeltaKernels:
 
 
 PORTABLE = GatedDeltaKernels("portable", gated_delta_verify, tape_replay)
-
-# Native kernels, keyed by backend ("cuda", "metal"); filled by `register_native`.
-NATIVE: dict[str, GatedDeltaKernels] = {}
-ENABLE_ENV = {"cuda": "DFLASH_CUDA_KERNELS", "metal": "DFLASH_METAL_KERNELS"}
-PROVEN = {"cuda": "1", "metal": "0"}  # default of each flag: "1" once proven on hardware
-
-
-def native_enabled(backend: str) -> bool:
-    return os.environ.get(ENABLE_ENV[backend], PROVEN[backend]) == "1"
+MODE_ENV = "DFLASH_KERNELS"
+MODES = ("auto", "portable", "native")
+PROVEN = {"cuda": True, "metal": False}  # fused kernels checked on that hardware
 
 
 def native_kernels(backend: str) -> GatedDeltaKernels:
-    """The fused kernels for `backend`, whether or not enabled or runnable here."""
+    """The fused kernels for `backend`, whether or not runnable here."""
     if backend == "cuda":
         from . import cuda as mod
     elif backend == "metal":
@@ -51,54 +51,35 @@ def native_kernels(backend: str) -> GatedDeltaKernels:
     return GatedDeltaKernels(backend, mod.gated_delta_verify, mod.tape_replay)
 
 
-def backend_present(backend: str) -> bool:
-    if backend == "metal":
-        return mx.metal.is_available()
-    return backend == "cuda" and hasattr(mx, "cuda") and mx.cuda.is_available()
+def default_mode() -> str:
+    """$DFLASH_KERNELS, or "auto"."""
+    return os.environ.get(MODE_ENV) or "auto"
 
 
-def register_native() -> None:
-    """(Re)build NATIVE from the backends present here and the enabling env flags."""
-    NATIVE.clear()
-    for backend in ENABLE_ENV:
-        if backend_present(backend) and native_enabled(backend):
-            NATIVE[backend] = native_kernels(backend)
-
-
-def current_backend() -> str:
-    if mx.default_device() == mx.cpu:
-        return "cpu"
-    if mx.metal.is_available():
-        return "metal"
-    if hasattr(mx, "cuda") and mx.cuda.is_available():
-        return "cuda"
-    return "cpu"
-
-
-def select(
-    backend: str | None = None, mode: Literal["auto", "portable"] = "auto"
-) -> GatedDeltaKernels:
-    """The kernels for `backend` (default: the current device's)."""
-    if mode == "portable":
+def select(backend: str | None = None, mode: str | None = None) -> GatedDeltaKernels:
+    """The kernels for `backend` (default: the current device's) in `mode` (default:
+    $DFLASH_KERNELS or "auto"; see the module docstring)."""
+    mode = mode or default_mode()
+    if mode not in MODES:
+        raise ConfigError(f"kernels mode {mode!r} (from {MODE_ENV} or the kernels option) is "
+                          f"unknown. Fix: use one of {', '.join(MODES)}.")
+    backend = backend or device.current()
+    if mode == "portable" or backend not in PROVEN or not device.present(backend):
         return PORTABLE
-    if mode != "auto":
-        raise ValueError(f"unknown kernel mode {mode!r}; expected 'auto' or 'portable'")
-    return NATIVE.get(backend or current_backend(), PORTABLE)
+    if mode == "auto" and not PROVEN[backend]:
+        return PORTABLE
+    return native_kernels(backend)
 
-
-register_native()
 
 __all__ = [
-    "ENABLE_ENV",
-    "NATIVE",
+    "MODES",
+    "MODE_ENV",
     "PORTABLE",
+    "PROVEN",
     "GatedDeltaKernels",
     "Tape",
-    "current_backend",
     "gated_delta_verify",
-    "native_enabled",
     "native_kernels",
-    "register_native",
     "select",
     "tape_replay",
 ]

@@ -26,15 +26,48 @@ from .portable import Tape
 MAX_STEPS = 16
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block without opt-in
 
-VERIFY_SOURCE = r"""
-    // One block per (batch, value head); grid z = B * Hv, block = (32, NW).
+# Which (batch, value head) a block owns, and lane/warp inside it.
+BLOCK_INDEX = r"""
     const int n = blockIdx.z;
     const int b = n / Hv;
     const int hv = n % Hv;
     const int hk = hv / (Hv / Hk);
     const int lane = threadIdx.x;
     const int warp = threadIdx.y;
+"""
 
+# The block's Dv x Dk state into registers (warp w: rows w, w + NW, ...; lane l: columns
+# l, l + 32, ...).
+LOAD_STATE = r"""
+    float s[RPW][EPL];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        s[r][e] = col < Dk ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
+      }
+    }
+"""
+
+# The registers back to state_out (the layout of LOAD_STATE).
+STORE_STATE = r"""
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int row = warp + r * NW;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) {
+        const int col = lane + 32 * e;
+        if (col < Dk) {
+          state_out[sbase + row * Dk + col] = s[r][e];
+        }
+      }
+    }
+"""
+
+VERIFY_SOURCE = r"""
+    // One block per (batch, value head); grid z = B * Hv, block = (32, NW).""" + BLOCK_INDEX + r"""
     // q, k: [B, NT, Hk, Dk] -> shared fp32 [NT, Dk]; vector gate g: [B, NT, Hv, Dk].
     const int NT = k_shape[1];  // steps: runtime, so one compile serves T = 1..MT
     __shared__ float sq[MT * Dk];
@@ -53,18 +86,7 @@ VERIFY_SOURCE = r"""
     __syncthreads();
 
     // state_in, state_out: [B, Hv, Dv, Dk]
-    const size_t sbase = (size_t)n * Dv * Dk;
-    float s[RPW][EPL];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const int row = warp + r * NW;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) {
-        const int col = lane + 32 * e;
-        s[r][e] = col < Dk ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
-      }
-    }
-
+    const size_t sbase = (size_t)n * Dv * Dk;""" + LOAD_STATE + r"""
     for (int t = 0; t < NT; ++t) {
       const float* kt = sk + t * Dk;
       const float* qt = sq + t * Dk;
@@ -129,41 +151,15 @@ VERIFY_SOURCE = r"""
         }
       }
     }
+""" + STORE_STATE
 
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const int row = warp + r * NW;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) {
-        const int col = lane + 32 * e;
-        if (col < Dk) {
-          state_out[sbase + row * Dk + col] = s[r][e];
-        }
-      }
-    }
-"""
-
-REPLAY_SOURCE = r"""
-    // Same block layout as the verify; per step S = g * S; S = S + delta k^T.
-    const int n = blockIdx.z;
-    const int b = n / Hv;
-    const int hv = n % Hv;
-    const int hk = hv / (Hv / Hk);
-    const int lane = threadIdx.x;
-    const int warp = threadIdx.y;
-    const size_t sbase = (size_t)n * Dv * Dk;
-
-    float s[RPW][EPL];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const int row = warp + r * NW;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) {
-        const int col = lane + 32 * e;
-        s[r][e] = col < Dk ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
-      }
-    }
-
+REPLAY_SOURCE = (
+    r"""
+    // Same block layout as the verify; per step S = g * S; S = S + delta k^T."""
+    + BLOCK_INDEX
+    + "    const size_t sbase = (size_t)n * Dv * Dk;\n"
+    + LOAD_STATE
+    + r"""
     const int NT = delta_shape[1];  // the tape's first `keep` steps, sliced by the caller
     for (int t = 0; t < NT; ++t) {
       const size_t hb = (size_t)(b * NT + t) * Hv + hv;
@@ -184,19 +180,7 @@ REPLAY_SOURCE = r"""
         }
       }
     }
-
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const int row = warp + r * NW;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) {
-        const int col = lane + 32 * e;
-        if (col < Dk) {
-          state_out[sbase + row * Dk + col] = s[r][e];
-        }
-      }
-    }
-"""
+""" + STORE_STATE)
 
 VERIFY_INPUTS = ["q", "k", "v", "g", "beta", "state_in"]
 VERIFY_OUTPUTS = ["y", "state_out", "delta"]
@@ -330,6 +314,3 @@ def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     """The state after the first `keep` verify steps, from the state before the verify."""
     return run_replay(_kernels()[1], state, tape, keep)
 
-
-def available() -> bool:
-    return hasattr(mx, "cuda") and mx.cuda.is_available()

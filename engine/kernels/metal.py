@@ -2,8 +2,8 @@
 
 Same layout as `cuda` (one threadgroup per (batch, value head), 32 x NW threads, simdgroup
 w owns value rows w, w + NW, ..., lane l owns key columns l, l + 32, ...), same launch
-`Plan`. Unproven: it has never run on a Mac, so it registers only with
-DFLASH_METAL_KERNELS=1. The state update uses explicit `fma` in both kernels so replay
+`Plan`. Unproven: it has never run on a Mac, so only the "native" kernels mode
+(DFLASH_KERNELS=native) picks it. The state update uses explicit `fma` in both kernels so replay
 reproduces the verify's states bitwise.
 """
 
@@ -23,14 +23,42 @@ from .cuda import (
 )
 from .portable import Tape
 
-VERIFY_SOURCE = r"""
+# Which (batch, value head) a threadgroup owns, and lane/warp inside it.
+BLOCK_INDEX = r"""
     const uint n = threadgroup_position_in_grid.z;
     const uint b = n / Hv;
     const uint hv = n % Hv;
     const uint hk = hv / (Hv / Hk);
     const uint lane = thread_position_in_threadgroup.x;
     const uint warp = thread_position_in_threadgroup.y;
+"""
 
+# The threadgroup's Dv x Dk state into registers (the layout of cuda.LOAD_STATE).
+LOAD_STATE = r"""
+    float s[RPW][EPL];
+    for (int r = 0; r < RPW; ++r) {
+      const uint row = warp + r * NW;
+      for (int e = 0; e < EPL; ++e) {
+        const uint col = lane + 32 * e;
+        s[r][e] = col < uint(Dk) ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
+      }
+    }
+"""
+
+# The registers back to state_out (the layout of LOAD_STATE).
+STORE_STATE = r"""
+    for (int r = 0; r < RPW; ++r) {
+      const uint row = warp + r * NW;
+      for (int e = 0; e < EPL; ++e) {
+        const uint col = lane + 32 * e;
+        if (col < uint(Dk)) {
+          state_out[sbase + row * Dk + col] = s[r][e];
+        }
+      }
+    }
+"""
+
+VERIFY_SOURCE = BLOCK_INDEX + r"""
     const int NT = k_shape[1];  // steps: runtime, so one compile serves T = 1..MT
     threadgroup float sq[MT * Dk];
     threadgroup float sk[MT * Dk];
@@ -47,16 +75,7 @@ VERIFY_SOURCE = r"""
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    const size_t sbase = size_t(n) * Dv * Dk;
-    float s[RPW][EPL];
-    for (int r = 0; r < RPW; ++r) {
-      const uint row = warp + r * NW;
-      for (int e = 0; e < EPL; ++e) {
-        const uint col = lane + 32 * e;
-        s[r][e] = col < uint(Dk) ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
-      }
-    }
-
+    const size_t sbase = size_t(n) * Dv * Dk;""" + LOAD_STATE + r"""
     for (int t = 0; t < NT; ++t) {
       const size_t hb = size_t(b * NT + t) * Hv + hv;
       const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
@@ -108,36 +127,13 @@ VERIFY_SOURCE = r"""
         }
       }
     }
+""" + STORE_STATE
 
-    for (int r = 0; r < RPW; ++r) {
-      const uint row = warp + r * NW;
-      for (int e = 0; e < EPL; ++e) {
-        const uint col = lane + 32 * e;
-        if (col < uint(Dk)) {
-          state_out[sbase + row * Dk + col] = s[r][e];
-        }
-      }
-    }
-"""
-
-REPLAY_SOURCE = r"""
-    const uint n = threadgroup_position_in_grid.z;
-    const uint b = n / Hv;
-    const uint hv = n % Hv;
-    const uint hk = hv / (Hv / Hk);
-    const uint lane = thread_position_in_threadgroup.x;
-    const uint warp = thread_position_in_threadgroup.y;
-    const size_t sbase = size_t(n) * Dv * Dk;
-
-    float s[RPW][EPL];
-    for (int r = 0; r < RPW; ++r) {
-      const uint row = warp + r * NW;
-      for (int e = 0; e < EPL; ++e) {
-        const uint col = lane + 32 * e;
-        s[r][e] = col < uint(Dk) ? static_cast<float>(state_in[sbase + row * Dk + col]) : 0.0f;
-      }
-    }
-
+REPLAY_SOURCE = (
+    BLOCK_INDEX
+    + "    const size_t sbase = size_t(n) * Dv * Dk;\n"
+    + LOAD_STATE
+    + r"""
     const int NT = delta_shape[1];  // the tape's first `keep` steps, sliced by the caller
     for (int t = 0; t < NT; ++t) {
       const size_t hb = size_t(b * NT + t) * Hv + hv;
@@ -156,17 +152,7 @@ REPLAY_SOURCE = r"""
         }
       }
     }
-
-    for (int r = 0; r < RPW; ++r) {
-      const uint row = warp + r * NW;
-      for (int e = 0; e < EPL; ++e) {
-        const uint col = lane + 32 * e;
-        if (col < uint(Dk)) {
-          state_out[sbase + row * Dk + col] = s[r][e];
-        }
-      }
-    }
-"""
+""" + STORE_STATE)
 
 
 @cache
@@ -191,6 +177,3 @@ def gated_delta_verify(
 def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     return run_replay(_kernels()[1], state, tape, keep)
 
-
-def available() -> bool:
-    return mx.metal.is_available()

@@ -1,7 +1,10 @@
-"""Shared target-adapter logic: run an mlx-lm model layer by layer, tapping hidden states.
+"""The target-adapter interface and what every family shares: run an mlx-lm model layer by
+layer, tapping hidden states, and roll its caches back after a partly rejected verify.
 
 An adapter never changes mlx-lm's classes: it walks `model.layers` itself with the
-model's own modules and caches, so the output is exactly the model's own.
+model's own modules and caches, so the output is exactly the model's own. A family says how
+its layers are called (`_masks`, `_layer_forward`) and how its caches roll back
+(`begin_verify`, `rollback`); see attention.py and gated_delta.py.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
@@ -30,20 +33,34 @@ def text_args(model: nn.Module) -> Any:
     return getattr(model, "language_model", model).args
 
 
+def cache_arrays(*caches: list[Any]) -> list[mx.array]:
+    """Every array held by the given caches (target and draft): what to evaluate so that a
+    cycle's cache updates are done."""
+    return [a for c in caches for _, a in tree_flatten([x.state for x in c])
+            if isinstance(a, mx.array)]
+
+
 class TargetAdapter:
     """Runs a target with tapped features; knows how to roll its caches back.
 
-    Subclasses override `_layer_forward` / `rollback` for families whose layers need
-    more than an attention mask (GatedDeltaNet hybrids).
+    The interface the speculative cycle uses: `forward`, `begin_verify`, `rollback`,
+    `embed`, `lm_head`/`head_rows`, `make_cache`, `warm_up`. Subclasses implement the
+    family-specific parts marked below.
     """
 
-    family = "attention"
+    family: str = ""
+    model_types: tuple[str, ...] = ()
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.inner = text_model(model)
         self.args = text_args(model)
         self.layers = list(self.inner.layers)
+
+    @classmethod
+    def build(cls, model: nn.Module, **options: Any) -> TargetAdapter:
+        """The adapter from adapter_for's options; families without options ignore them."""
+        return cls(model)
 
     # -- facts the draft needs ---------------------------------------------------------
     @property
@@ -106,32 +123,35 @@ class TargetAdapter:
         return make_prompt_cache(self.model)
 
     def cache_length(self, cache: list[Any]) -> int:
+        """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
 
-    def _first_kv_index(self) -> int:
-        return 0
-
     def warm_up(self) -> None:
-        """Compile whatever the target's verify and rollback will need (nothing here:
-        attention layers use MLX's built-in kernels)."""
+        """Compile whatever the target's verify and rollback will need, before the first
+        reply (default: nothing to compile)."""
+
+    # -- family-specific ---------------------------------------------------------------
+    def _first_kv_index(self) -> int:
+        """Index of the first layer whose cache is a KV cache."""
+        raise NotImplementedError
+
+    def _masks(self, h: mx.array, cache: list[Any]) -> dict[str, Any]:
+        """The masks this family's layers take, built once per forward."""
+        raise NotImplementedError
+
+    def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
+        """One decoder layer, as the model's own forward would call it."""
+        raise NotImplementedError
 
     def begin_verify(self, cache: list[Any]) -> None:
         """Called before a forward whose tokens may be partly rolled back."""
+        raise NotImplementedError
 
     def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
         """After a forward of `verified` tokens, keep only the first `keep` of them."""
-        drop = verified - keep
-        if drop > 0:
-            for c in cache:
-                c.trim(drop)
+        raise NotImplementedError
 
     # -- forward -----------------------------------------------------------------------
-    def _masks(self, h: mx.array, cache: list[Any]) -> dict[str, Any]:
-        return {"attention": create_attention_mask(h, cache[self._first_kv_index()])}
-
-    def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
-        return layer(h, masks["attention"], cache=cache)
-
     def forward(
         self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int], last_only: bool = False
     ) -> tuple[mx.array, mx.array]:

@@ -18,7 +18,7 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..kernels import GatedDeltaKernels, Tape, select
-from .base import TargetAdapter
+from .base import TargetAdapter, cache_arrays
 
 
 @dataclass
@@ -40,14 +40,22 @@ class GatedDeltaAdapter(TargetAdapter):
         self,
         model: nn.Module,
         enable_tape_replay: bool = True,
-        kernels: GatedDeltaKernels | None = None,
+        kernels: GatedDeltaKernels | str | None = None,
     ):
+        """`enable_tape_replay=False` rebuilds rolled-back states by re-running the kept steps
+        (the reference path); `kernels`: a kernel set, or a mode for `kernels.select`
+        ("auto", "portable", "native"; None: $DFLASH_KERNELS or "auto")."""
         super().__init__(model)
         self.enable_tape_replay = enable_tape_replay
-        self.kernels = kernels or select()
+        self.kernels = kernels if isinstance(kernels, GatedDeltaKernels) else select(mode=kernels)
         self._kv_index = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
         self._ssm_index = next(i for i, layer in enumerate(self.layers) if layer.is_linear)
         self._records: dict[int, _LinearRecord] | None = None
+
+    @classmethod
+    def build(cls, model: nn.Module, enable_tape_replay: bool = True,
+              kernels: str | None = None, **_: Any) -> GatedDeltaAdapter:
+        return cls(model, enable_tape_replay, kernels)
 
     def _first_kv_index(self) -> int:
         return self._kv_index
@@ -72,13 +80,11 @@ class GatedDeltaAdapter(TargetAdapter):
 
     # -- verify / rollback -------------------------------------------------------------
     def warm_up(self) -> None:
-        """JIT-compile native kernels now: a compile takes seconds (2 s per kernel measured
-        on the H200), which would otherwise stall the first rejected draft of the first
-        reply. A 2-token verify and a 1-token rollback on a scratch cache reach both."""
+        """JIT-compile native kernels now: a compile takes seconds (the README's kernel notes),
+        which would otherwise stall the first rejected draft of the first reply. A 2-token
+        verify and a 1-token rollback on a scratch cache reach both kernels."""
         if self.kernels.name == "portable":
             return
-        from ..cycle import cache_arrays
-
         cache = self.make_cache()
         self.forward(mx.array([[0]]), cache, [], last_only=True)
         self.begin_verify(cache)

@@ -349,9 +349,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                            "data": {**data.meta, "sequences": len(data),
                                     "train_sequences": len(train_set),
                                     "val_sequences": len(val_set),
+                                    "val_sets": {k: len(v) for k, v in val_sets.items()},
                                     "response_tokens": data.response_tokens,
                                     "total_tokens": sum(len(s) for s in data.sequences)},
                            "history": [], "val": [], "env": _env()}
+    if step == 0 and cfg.init:  # where the initial draft starts, on the same anchors
+        v = validate(draft, target, val_set, cfg, weights)
+        log["val"].append({"step": 0, "set": val_name, **v})
+        say(f"step 0: {val_name} loss {v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
     order = rng.permutation(len(train_set))
     cursor, epoch = 0, 0
     train_start = time.perf_counter()

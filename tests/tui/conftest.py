@@ -24,7 +24,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    from engine.testing import make_tiny_pair
+    from tiny_pairs import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path_factory.mktemp("tui-pair"))
     return str(target), str(draft)

@@ -1,7 +1,7 @@
-"""Tiny random target + draft pairs written to disk, for tests and demos (no network).
+"""Test support: tiny random target + draft pairs written to disk (no network).
 
 They load through the same code as real checkpoints: mlx-lm for the target folder, the
-z-lab layout for the draft folder.
+z-lab layout for the draft folder. Lives in tests/, not in the shipped package.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .draft import DFlashDraft, DraftArgs, default_tap_ids
+from engine.draft import DFlashDraft, DraftArgs, default_tap_ids
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

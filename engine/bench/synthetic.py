@@ -1,6 +1,6 @@
 """`dflash benchmark --synthetic MODEL`: SYNTHETIC speed benchmark on random-weight targets.
 
-Random weights at a real model's shapes (engine/data/synthetic/*.json), a random draft of
+Random weights at a real model's shapes (data/synthetic/*.json), a random draft of
 the published size, and an oracle proposer that agrees with the target's greedy
 continuation at a chosen mean tokens-per-cycle. It measures what the machine does with
 those shapes (T_verify16 / T_ar at a context length, per-phase cycle times, end-to-end
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,9 +28,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .cycle import Proposer, propose, speculative_decode
-from .draft import DFlashDraft, DraftArgs, default_tap_ids
-from .targets.base import TargetAdapter, text_args
+from ..cycle import DraftProposer, speculative_decode
+from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..targets.base import TargetAdapter, text_args
+from .environment import environment
+from .timing import Side, first_mismatch, run_baseline
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
 MODELS = ("qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3-8b", "smollm2-135m")
@@ -111,27 +115,41 @@ def build_draft(args: DraftArgs, dtype: str, seed: int = 1) -> DFlashDraft:
 
 
 # -- the oracle -----------------------------------------------------------------------------
-def oracle_proposer(reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
-                    block_size: int, vocab: int, seed: int = 0,
-                    draft_forward: Callable[[int, int], mx.array] | None = None) -> Proposer:
+class Oracle:
     """Proposals that match `reference` (the target's greedy output) for a drawn number of
     tokens, then one wrong token. Accept counts ~ Binomial(B-1, p) with p chosen so the
-    mean is tokens_per_cycle - 1 (capped by the cycle's size). `draft_forward` runs the
-    real draft so its cost is timed; its output is discarded."""
-    rng = random.Random(seed)
-    p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+    mean is tokens_per_cycle - 1 (capped by the cycle's size)."""
 
-    def proposer(staged: int, size: int, position: int) -> mx.array:
-        if draft_forward is not None:
-            mx.eval(draft_forward(staged, size))
-        emitted = position - prompt_len + 1  # staged is reference[emitted - 1]
-        a = min(sum(rng.random() < p for _ in range(block_size - 1)), size - 1)
-        drafted = list(reference[emitted:emitted + size - 1])
+    def __init__(self, reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
+                 block_size: int, vocab: int, seed: int = 0) -> None:
+        self.reference, self.prompt_len = reference, prompt_len
+        self.block_size, self.vocab = block_size, vocab
+        self.rng = random.Random(seed)
+        self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+
+    def __call__(self, staged: int, size: int, position: int) -> list[int]:
+        """-> the verify input: `staged`, then up to size - 1 drafted tokens."""
+        emitted = position - self.prompt_len + 1  # staged is reference[emitted - 1]
+        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        drafted = list(self.reference[emitted:emitted + size - 1])
         if a < size - 1:
-            drafted[a] = (drafted[a] + 1) % vocab  # the target's argmax differs here
-        return mx.array([[staged] + drafted])
+            drafted[a] = (drafted[a] + 1) % self.vocab  # the target's argmax differs here
+        return [staged] + drafted
 
-    return proposer
+
+class OracleProposer(DraftProposer):
+    """The oracle's tokens in place of the draft's. With `draft_cost`, the real draft forward
+    still runs every cycle (its output is discarded) so its cost is timed."""
+
+    def __init__(self, target: TargetAdapter, draft: DFlashDraft, oracle: Oracle,
+                 draft_cost: bool = True) -> None:
+        super().__init__(target, draft)
+        self.oracle, self.draft_cost = oracle, draft_cost
+
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
+        if self.draft_cost:
+            mx.eval(super().propose(staged, size, position))
+        return mx.array([self.oracle(staged, size, position)])
 
 
 class TimedTarget:
@@ -156,48 +174,23 @@ class TimedTarget:
 
 
 # -- timed runs -----------------------------------------------------------------------------
-def run_baseline(model: nn.Module, prompt: list[int], max_tokens: int) -> dict:
-    """mlx-lm greedy decoding (generate_step, no EOS stop) -> tokens and timings."""
-    from mlx_lm.generate import generate_step
-
-    tokens: list[int] = []
-    first = None
-    start = time.perf_counter()
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                  prefill_step_size=PREFILL_CHUNK):
-        first = first or time.perf_counter()
-        tokens.append(int(token))
-    end = time.perf_counter()
-    return _side(tokens, start, first or end, end)
-
-
-def _side(tokens: list[int], start: float, first: float, end: float) -> dict:
-    decode_s = end - first
-    return {"tokens": tokens, "generated_tokens": len(tokens), "elapsed_s": end - start,
-            "prefill_s": first - start,
-            "tokens_per_second": len(tokens) / (end - start),
-            "decode_tokens_per_second": (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0}
-
-
 def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                reference: Sequence[int], max_tokens: int, block_size: int,
-               tokens_per_cycle: float, seed: int, draft_cost: bool = True) -> dict:
-    """speculative_decode (the engine's own loop) with the oracle proposer."""
+               tokens_per_cycle: float, seed: int, draft_cost: bool = True
+               ) -> tuple[Side, dict]:
+    """speculative_decode (the engine's own loop) with the oracle proposer
+    -> (the timed side, its cycle summary)."""
     timed = TimedTarget(target)
-    draft_cache = draft.make_cache()
-    forward = None
-    if draft_cost:
-        def forward(staged: int, size: int) -> mx.array:
-            return propose(target, draft, draft_cache, staged, size)
-    proposer = oracle_proposer(reference, len(prompt), tokens_per_cycle, block_size,
-                               target.vocab_size, seed, forward)
+    oracle = Oracle(reference, len(prompt), tokens_per_cycle, block_size, target.vocab_size,
+                    seed)
+    proposer = OracleProposer(target, draft, oracle, draft_cost)
     tokens: list[int] = []
     cycles, walls = [], []
+    mx.reset_peak_memory()
     start = time.perf_counter()
     first = last = None
-    for commit in speculative_decode(timed, draft, prompt, max_tokens, block_size,
-                                     PREFILL_CHUNK, draft_cache=draft_cache,
-                                     proposer=proposer):
+    for commit in speculative_decode(timed, proposer, prompt, max_tokens, block_size,
+                                     PREFILL_CHUNK):
         now = time.perf_counter()
         tokens.extend(commit.tokens)
         if commit.cycle is not None:
@@ -206,9 +199,9 @@ def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
         first = first or now
         last = now
     end = time.perf_counter()
-    side = _side(tokens[:max_tokens], start, first or end, end)
-    side.update(cycle_summary(cycles, walls, timed.forward_s))
-    return side
+    side = Side(tokens[:max_tokens], end - start, (first or end) - start,
+                int(mx.get_peak_memory()), "length")
+    return side, cycle_summary(cycles, walls, timed.forward_s)
 
 
 def cycle_summary(cycles: list, walls: list[float], forward_s: list[float]) -> dict:
@@ -283,21 +276,16 @@ def forward_timings(model: nn.Module, target: TargetAdapter, prompt: list[int], 
 
 
 # -- the benchmark --------------------------------------------------------------------------
-def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
-
-
 def run_synthetic(name: str, layers: int | None = None, overrides: dict | None = None,
                   draft_overrides: dict | None = None, dtype: str | None = None,
                   ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
                   block_size: int = 16, iters: int = 10, seed: int = 0,
-                  kernels: str = "auto", draft_cost: bool = True, warmup: bool = True) -> dict:
-    from .bench import blas_info, machine_info, versions
-    from .kernels import current_backend
-    from .targets import adapter_for
+                  kernels: str | None = None, draft_cost: bool = True, warmup: bool = True
+                  ) -> dict:
+    from ..device import current
+    from ..targets import adapter_for
 
-    backend = current_backend()
+    backend = current()
     dtype = dtype or ("float32" if backend == "cpu" else "bfloat16")
     built = time.perf_counter()
     model = build_target(name, layers, overrides, dtype, seed)
@@ -311,14 +299,14 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     if warmup:  # compile and allocate outside the timed runs
         target.warm_up()  # the replay kernel too: a high-acceptance warm-up never rolls back
         n = min(8, max_tokens)
-        ref = run_baseline(model, prompt, n)["tokens"]
+        ref = run_baseline(model, prompt, n, PREFILL_CHUNK).tokens
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
                    draft_cost)
-    base = run_baseline(model, prompt, max_tokens)
-    flash = run_dflash(target, draft, prompt, base["tokens"], max_tokens, block_size,
-                       tokens_per_cycle, seed, draft_cost)
+    base = run_baseline(model, prompt, max_tokens, PREFILL_CHUNK)
+    flash, cycles = run_dflash(target, draft, prompt, base.tokens, max_tokens, block_size,
+                               tokens_per_cycle, seed, draft_cost)
     fwd = forward_timings(model, target, prompt, iters, block_size)
-    mismatch = first_mismatch(base["tokens"], flash["tokens"])
+    mismatch = first_mismatch(base.tokens, flash.tokens)
     cfg = text_args(model)
     return {
         "synthetic": True,
@@ -329,9 +317,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                  "(--tokens-per-cycle), so speed-ups show the machine's cost structure, "
                  "not a real draft's quality"),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
-        "versions": versions(),
-        "blas": blas_info(),
+        **environment(),
         "backend": backend,
         "dtype": dtype,
         "kernels": getattr(getattr(target, "kernels", None), "name", "n/a"),
@@ -346,11 +332,11 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "baseline_function": "mlx_lm.generate.generate_step",
         "build_s": build_s,
         "forward": fwd,
-        "baseline": {k: v for k, v in base.items() if k != "tokens"},
-        "dflash": {k: v for k, v in flash.items() if k != "tokens"},
-        "speedup": flash["tokens_per_second"] / base["tokens_per_second"],
-        "decode_speedup": (flash["decode_tokens_per_second"] / base["decode_tokens_per_second"]
-                           if base["decode_tokens_per_second"] else None),
+        "baseline": base.summary(),
+        "dflash": {**flash.summary(), **cycles},
+        "speedup": flash.tokens_per_second / base.tokens_per_second,
+        "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
+                           if base.decode_tokens_per_second else None),
         "token_match": mismatch is None,
         "first_mismatch": mismatch,
         "definitions": {
@@ -413,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: bfloat16 on a GPU, float32 on the CPU")
     p.add_argument("--iters", type=int, default=10, help="forward-timing iterations")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kernels", choices=["auto", "portable"], default="auto")
+    p.add_argument("--kernels", choices=["auto", "portable", "native"],
+                   help="GatedDeltaNet kernels (default: $DFLASH_KERNELS or auto)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="target config field (JSON value), e.g. hidden_size=64")
     p.add_argument("--draft-override", action="append", default=[], metavar="KEY=VALUE")
@@ -434,6 +421,8 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
         args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup)
+    report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
+                                                            else argv), **report}
     print("\n".join(summary_lines(report)))
     if args.json:
         Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)

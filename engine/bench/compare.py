@@ -1,226 +1,79 @@
-"""`dflash benchmark`: plain mlx-lm greedy decoding vs DFlash on the same loaded target.
+"""`dflash benchmark`: plain mlx-lm decoding vs DFlash on the same loaded target.
 
-Both sides get the same chat-templated token ids, run in one process, greedy. Every DFlash
-output must equal the baseline's token for token; a mismatch is a correctness bug (exit 1).
+Both sides get the same chat-templated token ids and run in one process. Greedy (the
+default): every DFlash output must equal the baseline's token for token; a mismatch is a
+correctness bug (exit 1). With --temperature > 0 both sides sample (mlx-lm's make_sampler,
+DFlash's speculative sampling, same settings and seed): outputs differ by design, so the
+report has speed and acceptance, and token_match is null (tests/test_sampling.py checks
+that the distribution is the target's).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .config import add_engine_args, config_from_args
-from .errors import DFlashError
+from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
+from ..errors import DFlashError
+from .environment import environment
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from .suites import EVAL_DATA_ENV, PROMPT_FORMATS, BenchError, BenchPrompt, encode, load_prompts
+from .timing import Side, baseline_function, first_mismatch, run_baseline
 
-SUITES = {"mt-bench": "mt_bench.jsonl", "humaneval": "humaneval.jsonl.gz",
-          "gsm8k": "gsm8k_100.jsonl"}
-HUMANEVAL_ASK = "Complete the following Python function.\n\n```python\n{prompt}```"
-PROMPT_FORMATS = {
-    "mt-bench": "turn 1 (turns[0]) as one user chat message, chat template applied",
-    "humaneval": ("one user chat message: " + repr(HUMANEVAL_ASK.split("{")[0])
-                  + " + the code prompt in a ```python fence, chat template applied"),
-    "gsm8k": "the question (`prompt`) as one user chat message, chat template applied",
-    "file": "per record turns[0] if present, else `prompt`, as one user chat message, "
-            "chat template applied",
-    "text": "the --prompt text as one user chat message, chat template applied",
-}
-EVAL_DATA_ENV = "DFLASH_EVAL_DATA"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 8
 
 
-class BenchError(DFlashError):
-    """A benchmark input the user must fix (missing file, bad record, bad option)."""
-
-
 @dataclass
-class BenchPrompt:
-    id: str
-    text: str  # the user message
+class Options:
+    """How each side generates: the same for every prompt and repeat."""
 
-
-@dataclass
-class Side:
-    """One timed generation: what it produced and how long it took."""
-
-    tokens: list[int]
-    elapsed_s: float  # prefill included
-    prefill_s: float  # until the first token
-    peak_memory_bytes: int
-    finish_reason: str
+    max_tokens: int = 256
+    no_eos: bool = False
+    profile: bool = False  # DFlash: device time per cycle phase
+    sampling: dict[str, Any] = field(default_factory=dict)  # generate() keywords; {}: greedy
 
     @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        # Same definition as GenerationResult: tokens after the first over time after it.
-        decode_s = self.elapsed_s - self.prefill_s
-        return (len(self.tokens) - 1) / decode_s if decode_s > 0 else 0.0
-
-
-# -- prompts ------------------------------------------------------------------------------
-def find_data_dir(explicit: str | None = None) -> Path:
-    """--data-dir, else $DFLASH_EVAL_DATA, else ../shared/data next to the repo or the cwd."""
-    if explicit or os.environ.get(EVAL_DATA_ENV):
-        path = Path(explicit or os.environ[EVAL_DATA_ENV]).expanduser()
-        if not path.is_dir():
-            raise BenchError(f"evaluation data folder {path} does not exist. Fix: pass the "
-                             "folder holding " + ", ".join(SUITES.values()) + ".")
-        return path
-    tried = [REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-    for path in tried:
-        if path.is_dir():
-            return path
-    raise BenchError(
-        "evaluation data not found (looked in " + ", ".join(map(str, tried)) + "). Fix: put "
-        + ", ".join(SUITES.values()) + f" in one of those, set {EVAL_DATA_ENV}, or pass "
-        "--data-dir."
-    )
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BenchError(f"{path}: no such file. Fix: check the path.")
-    opener = gzip.open if path.suffix == ".gz" else open
-    records = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BenchError(f"{path}:{n}: not JSON ({exc.msg}). Fix: one JSON object "
-                                 "per line.") from exc
-            if not isinstance(record, dict):
-                raise BenchError(f"{path}:{n}: expected a JSON object per line.")
-            records.append(record)
-    return records
-
-
-def record_prompt(record: dict, index: int, where: str, suite: str | None = None
-                  ) -> BenchPrompt:
-    """turns[0] when present (mt-bench style), else `prompt`."""
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        text = turns[0]
-    elif isinstance(record.get("prompt"), str):
-        text = record["prompt"]
-    else:
-        raise BenchError(f"{where}: record {index + 1} has neither `turns` (list of strings) "
-                         "nor `prompt` (string).")
-    if suite == "humaneval":
-        text = HUMANEVAL_ASK.format(prompt=text)
-    rid = record.get("question_id", record.get("task_id", record.get("id", index)))
-    return BenchPrompt(str(rid), text)
-
-
-def load_prompts(prompt: str | None = None, prompt_file: str | None = None,
-                 suite: str | None = None, data_dir: str | None = None,
-                 limit: int | None = None) -> tuple[list[BenchPrompt], str]:
-    """-> (prompts, prompt_format). Exactly one source should be given."""
-    if prompt is not None:
-        if not prompt.strip():
-            raise BenchError("--prompt is empty. Fix: pass some text.")
-        return [BenchPrompt("prompt", prompt)], PROMPT_FORMATS["text"]
-    if prompt_file is not None:
-        path = Path(prompt_file).expanduser()
-        prompts = [record_prompt(r, i, str(path)) for i, r in enumerate(read_jsonl(path))]
-        fmt = PROMPT_FORMATS["file"]
-    elif suite is not None:
-        if suite not in SUITES:
-            raise BenchError(f"unknown suite {suite!r}. Fix: use one of {', '.join(SUITES)}.")
-        path = find_data_dir(data_dir) / SUITES[suite]
-        if not path.is_file():
-            raise BenchError(f"{path}: the {suite} prompts are missing. Fix: put "
-                             f"{SUITES[suite]} there, or point --data-dir / {EVAL_DATA_ENV} "
-                             "at the folder that has it.")
-        prompts = [record_prompt(r, i, str(path), suite) for i, r in enumerate(read_jsonl(path))]
-        fmt = PROMPT_FORMATS[suite]
-    else:
-        raise BenchError("no prompts. Fix: pass --prompt, --prompt-file or --suite.")
-    prompts = prompts[:limit] if limit else prompts
-    if not prompts:
-        raise BenchError(f"{path}: no prompts in the file.")
-    return prompts, fmt
-
-
-def encode(rt: Any, prompt: BenchPrompt | str) -> list[int]:
-    """The chat-templated ids both sides get (raw text when the target has no template)."""
-    text = prompt.text if isinstance(prompt, BenchPrompt) else prompt
-    if getattr(rt.tokenizer, "chat_template", None) is None:
-        return rt.encode(text)
-    return rt.encode([{"role": "user", "content": text}])
+    def greedy(self) -> bool:
+        return not self.sampling.get("temperature")
 
 
 # -- timed generations --------------------------------------------------------------------
-def run_baseline(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> Side:
-    """Plain mlx-lm greedy decoding. stream_generate always stops at EOS, so --no-eos uses
-    generate_step (what stream_generate wraps) directly. Same prefill step as DFlash."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step, stream_generate
+def baseline(rt: Any, ids: list[int], opts: Options) -> Side:
+    """The mlx-lm side on the runtime's own model (stream_generate, or generate_step with
+    --no-eos: stream_generate always stops at EOS), sampling like DFlash when asked."""
+    sampler = None
+    if not opts.greedy:
+        import mlx.core as mx
+        from mlx_lm.sample_utils import make_sampler
 
-    from .runtime import peak_memory
-
-    step = rt.config.prefill_chunk
-    mx.reset_peak_memory()
-    tokens: list[int] = []
-    first = None
-    finish = "length"
-    start = time.perf_counter()
-    if no_eos:
-        for token, _ in generate_step(mx.array(ids), rt.model, max_tokens=max_tokens,
-                                      prefill_step_size=step):
-            first = first or time.perf_counter()
-            tokens.append(int(token))
-    else:
-        for resp in stream_generate(rt.model, rt.tokenizer, mx.array(ids), max_tokens,
-                                    prefill_step_size=step):
-            first = first or time.perf_counter()
-            if resp.finish_reason == "stop":  # the EOS token itself is not output
-                finish = "stop"
-                break
-            tokens.append(int(resp.token))
-    end = time.perf_counter()
-    return Side(tokens, end - start, (first or end) - start, peak_memory(), finish)
+        s = opts.sampling
+        sampler = make_sampler(s["temperature"], top_p=s["top_p"] if s["top_p"] < 1 else 0.0,
+                               min_p=s["min_p"], top_k=s["top_k"])
+        mx.random.seed(s["seed"] or 0)  # mlx-lm draws from MLX's global generator
+    return run_baseline(rt.model, ids, opts.max_tokens, rt.config.prefill_chunk,
+                        None if opts.no_eos else rt.tokenizer, sampler)
 
 
-def baseline_function(no_eos: bool) -> str:
-    return "mlx_lm.generate.generate_step" if no_eos else "mlx_lm.stream_generate"
-
-
-def run_dflash(rt: Any, ids: list[int], max_tokens: int, no_eos: bool) -> tuple[Side, Any]:
-    result = rt.generate(ids, max_tokens=max_tokens, no_eos=no_eos)
+def run_dflash(rt: Any, ids: list[int], opts: Options) -> tuple[Side, Any]:
+    result = rt.generate(ids, max_tokens=opts.max_tokens, no_eos=opts.no_eos,
+                         profile=opts.profile, **opts.sampling)
     side = Side(result.tokens, result.elapsed_s, result.prefill_s, result.peak_memory_bytes,
                 result.finish_reason)
     return side, result
 
 
 # -- one prompt ---------------------------------------------------------------------------
-def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def median_side(sides: list[Side]) -> dict:
-    """Medians over repeats (tokens are the same every repeat: greedy)."""
+    """Medians over repeats (tokens are the same every repeat: greedy, or one seed)."""
     med = statistics.median
     return {
         "generated_tokens": len(sides[0].tokens),
@@ -254,7 +107,7 @@ def cycle_json(results: list[Any]) -> dict:
     }
 
 
-def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_eos: bool,
+def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
                  pause: Callable[[], None]) -> dict:
     ids = encode(rt, prompt)
     bases: list[Side] = []
@@ -262,9 +115,9 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_
     results = []
     for _ in range(repeat):
         pause()
-        bases.append(run_baseline(rt, ids, max_tokens, no_eos))
+        bases.append(baseline(rt, ids, opts))
         pause()
-        side, result = run_dflash(rt, ids, max_tokens, no_eos)
+        side, result = run_dflash(rt, ids, opts)
         flashes.append(side)
         results.append(result)
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
@@ -279,8 +132,8 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, max_tokens: int, repeat: int, no_
         "dflash": flash,
         "speedup": (flash["tokens_per_second"] / base["tokens_per_second"]
                     if base["tokens_per_second"] > 0 else None),
-        "token_match": all(m is None for m in mismatches),
-        "first_mismatch": bad,
+        "token_match": all(m is None for m in mismatches) if opts.greedy else None,
+        "first_mismatch": bad if opts.greedy else None,
         "repeat4_share": repeated_ngram_share(flashes[0].tokens),
         "repeats": [{"baseline_tokens_per_second": b.tokens_per_second,
                      "dflash_tokens_per_second": f.tokens_per_second}
@@ -304,7 +157,8 @@ def summarize(runs: list[dict]) -> dict:
     base = [r["baseline"] for r in runs]
     return {
         "runs": len(runs),
-        "token_match": all(r["token_match"] for r in runs),
+        "token_match": (None if any(r["token_match"] is None for r in runs)
+                        else all(r["token_match"] for r in runs)),
         "speedup_median": _median([r["speedup"] for r in runs]),
         "speedup_mean": _mean([r["speedup"] for r in runs]),
         "speedup_basis": "end-to-end tok/s (prefill included), DFlash / baseline",
@@ -323,20 +177,24 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def warm_up(rt: Any, prompt: BenchPrompt | str, max_tokens: int, no_eos: bool) -> None:
+def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
     """One short generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
-    n = min(WARMUP_TOKENS, max_tokens)
-    run_baseline(rt, ids, n, no_eos)
-    run_dflash(rt, ids, n, no_eos)
+    short = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
+                    opts.sampling)
+    baseline(rt, ids, short)
+    run_dflash(rt, ids, short)
 
 
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,
                   repeat: int = 1, cooldown: float = 0.0, no_eos: bool = False,
                   warmup: bool = True, prompt_format: str = PROMPT_FORMATS["text"],
-                  progress: Callable[[int, int, BenchPrompt], None] | None = None) -> dict:
+                  progress: Callable[[int, int, BenchPrompt], None] | None = None,
+                  profile: bool = False, sampling: dict[str, Any] | None = None) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
+    `sampling`: generate() keywords (temperature, top_p, top_k, min_p, seed); None: greedy.
     Returns the report dict that --json writes (without the command line)."""
+    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}))
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
              for i, p in enumerate(prompts)]
     timed = [0]
@@ -346,32 +204,31 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
             time.sleep(cooldown)
         timed[0] += 1
 
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     if warmup and items:
-        warm_up(rt, items[0], max_tokens, no_eos)
+        warm_up(rt, items[0], opts)
     runs = []
     for i, prompt in enumerate(items):
         if progress is not None:
             progress(i, len(items), prompt)
-        runs.append(bench_prompt(rt, prompt, max_tokens, repeat, no_eos, pause))
+        runs.append(bench_prompt(rt, prompt, opts, repeat, pause))
     desc = rt.describe()
     return {
         "timestamp": started,
-        "machine": machine_info(),
+        **environment(),
         "backend": desc["backend"],
         "dtype": desc["dtype"],
-        "versions": versions(),
-        "blas": blas_info(),
         "model": desc,
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
-                     "no_eos": no_eos, "warmup": warmup, "greedy": True,
+                     "no_eos": no_eos, "warmup": warmup, "greedy": opts.greedy,
+                     "sampling": None if opts.greedy else opts.sampling,
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
-                     "sync_phases": rt.config.sync_phases,
-                     "adaptive_block": rt.config.adaptive_block,
+                     "sync_phases": profile,
                      "min_draft_confidence": rt.min_confidence,
                      "draft_vocab": rt.draft_vocab},
-        "baseline_function": baseline_function(no_eos),
+        "baseline_function": baseline_function(no_eos)
+        + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
         "prompt_format": prompt_format,
         "definitions": definitions(),
         "runs": runs,
@@ -387,7 +244,8 @@ def definitions() -> dict:
         "acceptance_rate": "1 - cycles / generated tokens (dflash-mlx's definition)",
         "tokens_per_cycle": "tokens committed by the cycles / cycles (prefill token excluded)",
         "token_match": "DFlash tokens == baseline tokens (up to EOS, or all max_tokens with "
-                       "no_eos), on every repeat",
+                       "no_eos), on every repeat; null when sampling (settings.sampling): "
+                       "sampled outputs differ by design",
         "cycle_profile": "seconds summed over cycles by phase (median over repeats); "
                          "cycle_profile_per_cycle divides by cycles. With settings.sync_phases "
                          "(--profile) each phase is evaluated on its own (device time); "
@@ -400,76 +258,11 @@ def definitions() -> dict:
     }
 
 
-# -- environment --------------------------------------------------------------------------
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _total_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def machine_info() -> dict:
-    import mlx.core as mx
-
-    try:
-        device = {k: v for k, v in mx.device_info().items()}
-    except Exception:  # older MLX or no device info for this backend
-        device = {}
-    on_gpu = mx.default_device().type == mx.DeviceType.gpu
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": _total_memory(),
-        "default_device": str(mx.default_device()),
-        "gpu": device.get("device_name") if on_gpu else None,
-        "device_info": device,
-    }
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import mlx.core as mx
-
-    from . import __version__
-
-    try:
-        mlx_lm = version("mlx-lm")
-    except PackageNotFoundError:
-        import mlx_lm as m
-
-        mlx_lm = getattr(m, "__version__", "unknown")
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm, "dflash_engine": __version__,
-            "python": platform.python_version()}
-
-
-def blas_info() -> dict:
-    """Which BLAS the CPU matmuls use: LD_PRELOAD'ed OpenBLAS or MLX's bundled one."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    try:  # Linux: the libraries actually mapped into this process
-        maps = Path("/proc/self/maps").read_text().splitlines()
-        # numpy's scipy_openblas uses suffixed symbols: it never serves MLX's matmuls.
-        mapped = sorted({line.split()[-1] for line in maps if "blas" in line.lower()
-                         and "/" in line and "scipy_openblas" not in line})
-    except OSError:
-        mapped = None
-    return {"openblas_preloaded": "openblas" in preload.lower(), "ld_preload": preload or None,
-            "blas_libraries_loaded": mapped}
-
-
 # -- terminal + CLI -----------------------------------------------------------------------
+def _match(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "[red]NO[/red]"
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -495,7 +288,7 @@ def print_report(report: dict, console: Any = None) -> None:
             _fmt(f["acceptance_rate"], ".2f"), _fmt(f["tokens_per_cycle"], ".2f"),
             _fmt(f["tokens_per_cycle_nonloop"], ".2f"), _fmt(r["repeat4_share"], ".2f"),
             _fmt(f["prefill_s"] * 1000), _fmt(f["peak_memory_bytes"] / 2**20),
-            "yes" if r["token_match"] else "[red]NO[/red]",
+            _match(r["token_match"]),
         )
     s = report["summary"]
     table.add_section()
@@ -505,7 +298,7 @@ def print_report(report: dict, console: Any = None) -> None:
         _fmt(s["acceptance_rate_mean"], ".2f"), _fmt(s["tokens_per_cycle_mean"], ".2f"),
         _fmt(s["tokens_per_cycle_nonloop_mean"], ".2f"), _fmt(s["repeat4_share_mean"], ".2f"),
         "", _fmt(s["peak_memory_bytes_max"] / 2**20),
-        "yes" if s["token_match"] else "[red]NO[/red]", style="bold",
+        _match(s["token_match"]), style="bold",
     )
     console.print(table)
     console.print("tok/s: medians, prefill included; speed-up: median of end-to-end ratios; "
@@ -523,13 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", help='JSONL with "prompt" or "turns" per record')
     src.add_argument("--suite", help="mt-bench | humaneval | gsm8k")
     p.add_argument("--data-dir", help=f"folder with the suite files (default: ${EVAL_DATA_ENV} "
-                   "or ../shared/data)")
+                   "or the suites packaged with dflash)")
     p.add_argument("--limit", type=int, help="first N prompts only")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeat", type=int, default=1, help="runs per prompt (median reported)")
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds between runs")
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     add_engine_args(p)
+    add_sampling_args(p)
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -545,6 +339,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise BenchError(f"--{name.replace('_', '-')}={value}: use at least {low}.")
     if args.cooldown < 0:
         raise BenchError(f"--cooldown={args.cooldown}: use 0 or more seconds.")
+    from ..sampling import SamplingParams
+
+    SamplingParams(**sampling_from_args(args))  # a bad sampling flag: ConfigError
 
 
 def benchmark_main(argv: list[str] | None = None) -> int:
@@ -563,10 +360,10 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         check_args(args)
         prompts, fmt = load_prompts(args.prompt, args.prompt_file, args.suite, args.data_dir,
                                     args.limit)
-        from .runtime import DFlashRuntime
+        from ..runtime import DFlashRuntime
 
         try:
-            config = config_from_args(args, sync_phases=args.profile)
+            config = config_from_args(args)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):
@@ -576,7 +373,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
             err.print(f"[dim]prompt {i + 1}/{n}: {prompt.id}[/dim]")
 
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
-                               args.no_eos, not args.no_warmup, fmt, progress)
+                               args.no_eos, not args.no_warmup, fmt, progress, args.profile,
+                               sampling_from_args(args))
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2
@@ -588,7 +386,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {path}")
-    if not report["summary"]["token_match"]:
+    if report["summary"]["token_match"] is False:
         bad = [r["prompt_id"] for r in report["runs"] if not r["token_match"]]
         err.print(f"[red]error:[/red] DFlash output differs from the baseline on {bad}: "
                   "lossless decoding is broken (a correctness bug).")

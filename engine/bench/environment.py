@@ -1,0 +1,80 @@
+"""The facts every benchmark report carries: machine, package versions, which BLAS ran."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine_info() -> dict:
+    import mlx.core as mx
+
+    try:
+        device = dict(mx.device_info())
+    except Exception:  # no device info for this backend
+        device = {}
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": _total_memory(),
+        "default_device": str(mx.default_device()),
+        "gpu": device.get("device_name") if on_gpu else None,
+        "device_info": device,
+    }
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import mlx.core as mx
+
+    from .. import __version__
+
+    try:
+        mlx_lm = version("mlx-lm")
+    except PackageNotFoundError:
+        import mlx_lm as m
+
+        mlx_lm = getattr(m, "__version__", "unknown")
+    return {"mlx": mx.__version__, "mlx_lm": mlx_lm, "dflash_engine": __version__,
+            "python": platform.python_version()}
+
+
+def blas_info() -> dict:
+    """Which BLAS the CPU matmuls use: LD_PRELOAD'ed OpenBLAS or MLX's bundled one."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    try:  # Linux: the libraries actually mapped into this process
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        # numpy's scipy_openblas uses suffixed symbols: it never serves MLX's matmuls.
+        mapped = sorted({line.split()[-1] for line in maps if "blas" in line.lower()
+                         and "/" in line and "scipy_openblas" not in line})
+    except OSError:
+        mapped = None
+    return {"openblas_preloaded": "openblas" in preload.lower(), "ld_preload": preload or None,
+            "blas_libraries_loaded": mapped}
+
+
+def environment() -> dict:
+    """{"machine", "versions", "blas"}: merged into every report."""
+    return {"machine": machine_info(), "versions": versions(), "blas": blas_info()}

@@ -1,0 +1,88 @@
+"""One timed generation (`Side`), the mlx-lm greedy baseline both benchmarks time DFlash
+against, and where two token sequences first differ."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Side:
+    """One timed generation: what it produced and how long it took."""
+
+    tokens: list[int]
+    elapsed_s: float  # prefill included
+    prefill_s: float  # until the first token
+    peak_memory_bytes: int
+    finish_reason: str
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        # Same definition as GenerationResult: tokens after the first over time after it.
+        decode_s = self.elapsed_s - self.prefill_s
+        return (len(self.tokens) - 1) / decode_s if decode_s > 0 else 0.0
+
+    def summary(self) -> dict:
+        """The report's fields for this side (the tokens themselves are left out)."""
+        return {
+            "generated_tokens": len(self.tokens),
+            "tokens_per_second": self.tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
+            "elapsed_s": self.elapsed_s,
+            "prefill_s": self.prefill_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "finish_reason": self.finish_reason,
+        }
+
+
+def baseline_function(no_eos: bool) -> str:
+    return "mlx_lm.generate.generate_step" if no_eos else "mlx_lm.stream_generate"
+
+
+def run_baseline(model: Any, ids: list[int], max_tokens: int, prefill_step: int,
+                 tokenizer: Any = None, sampler: Any = None) -> Side:
+    """Plain mlx-lm decoding: greedy (the reference DFlash must equal token for token), or
+    with an mlx-lm `sampler` (make_sampler) at temperature > 0.
+
+    With a tokenizer: mlx_lm.stream_generate, which stops at EOS. Without one (--no-eos, or
+    a synthetic model that has no tokenizer): generate_step, what stream_generate wraps, for
+    exactly `max_tokens`. Same prefill step as DFlash."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step, stream_generate
+
+    mx.reset_peak_memory()
+    tokens: list[int] = []
+    first = None
+    finish = "length"
+    start = time.perf_counter()
+    if tokenizer is None:
+        for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                                      prefill_step_size=prefill_step, sampler=sampler):
+            first = first or time.perf_counter()
+            tokens.append(int(token))
+    else:
+        for resp in stream_generate(model, tokenizer, mx.array(ids), max_tokens,
+                                    prefill_step_size=prefill_step, sampler=sampler):
+            first = first or time.perf_counter()
+            if resp.finish_reason == "stop":  # the EOS token itself is not output
+                finish = "stop"
+                break
+            tokens.append(int(resp.token))
+    end = time.perf_counter()
+    return Side(tokens, end - start, (first or end) - start, int(mx.get_peak_memory()), finish)
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where `a` and `b` differ (the shorter one's length when one is a
+    prefix of the other); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -1,0 +1,272 @@
+"""`dflash doctor [--json]`: what this machine has, and whether the engine works on it.
+
+Reports the platform, MLX and its backend, the BLAS with a 1024^3 fp32 GEMM time, native GPU
+kernels against the portable path, the cache and data folders, the offline pair, and a short
+self-check on that pair (speculative output == plain greedy, tokens/cycle, speed-up). Every
+problem found is one line naming the fix; any problem makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import blas
+from .cache import cache_root, intact
+
+PROMPTS = ("What is the capital of France? Answer in one sentence.",
+           "Write a Python function that returns the square of a number.")
+SELF_CHECK_TOKENS = 48
+# The chat app's folders (dflash_tui/config.py), found here without importing the app.
+DATA_DIR_ENV, CONFIG_DIR_ENV = "DFLASH_CHAT_DATA_DIR", "DFLASH_CHAT_CONFIG_DIR"
+
+Say = Callable[[str], None]
+
+
+def gemm_ms(n: int = 1024, repeats: int = 5) -> float:
+    """Best of `repeats` n^3 fp32 matmuls on MLX's CPU stream: the BLAS that MLX really calls."""
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n), key=mx.random.key(0))
+    b = mx.random.normal((n, n), key=mx.random.key(1))
+    mx.eval(a, b)
+    best = float("inf")
+    for i in range(repeats + 2):  # two warm-ups
+        start = time.perf_counter()
+        mx.eval(mx.matmul(a, b, stream=mx.cpu))
+        if i >= 2:
+            best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            file = Path(root, name)
+            if file.is_file() and not file.is_symlink():
+                total += file.stat().st_size
+    return total
+
+
+def location(path: Path) -> dict[str, Any]:
+    exists = path.is_dir()
+    existing = next(p for p in (path, *path.parents) if p.exists())  # made on first use
+    return {"path": str(path), "exists": exists, "bytes": folder_size(path) if exists else 0,
+            "writable": existing.is_dir() and os.access(existing, os.W_OK)}
+
+
+def locations() -> dict[str, Any]:
+    import platformdirs
+
+    out = {
+        "cache": location(cache_root()),
+        "chat_data": location(Path(os.environ.get(DATA_DIR_ENV)
+                                   or platformdirs.user_data_dir("dflash-chat"))),
+        "chat_config": location(Path(os.environ.get(CONFIG_DIR_ENV)
+                                     or platformdirs.user_config_dir("dflash-chat"))),
+    }
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        out["hf_hub_cache"] = location(Path(HF_HUB_CACHE))
+    except ImportError:
+        pass
+    return out
+
+
+def check_kernels(candidate: Any, reference: Any, tol: float = 1e-4) -> dict[str, Any]:
+    """One small fp32 GatedDeltaNet verify + replay through `candidate` against `reference`."""
+    import mlx.core as mx
+    from mlx_lm.models.gated_delta import normalize_qk
+
+    B, T, Hk, Hv, Dk, Dv = 1, 16, 2, 4, 48, 24
+    ks = mx.random.split(mx.random.key(0), 6)
+    q, k = normalize_qk(mx.random.normal((B, T, Hk, Dk), key=ks[0]),
+                        mx.random.normal((B, T, Hk, Dk), key=ks[1]), inv_scale=Dk**-0.5, eps=1e-6)
+    v = mx.random.normal((B, T, Hv, Dv), key=ks[2])
+    g = mx.random.uniform(0.5, 1.0, (B, T, Hv), key=ks[3])
+    beta = mx.sigmoid(mx.random.normal((B, T, Hv), key=ks[4]))
+    state = mx.random.normal((B, Hv, Dv, Dk), key=ks[5]) * 0.5
+    y, final, tape = candidate.verify(q, k, v, g, beta, state)
+    y_ref, final_ref, _ = reference.verify(q, k, v, g, beta, state)
+    kept, kept_ref = candidate.replay(state, tape, 7), reference.verify(
+        *(x[:, :7] for x in (q, k, v, g, beta)), state)[1]
+    err = max(float(mx.max(mx.abs(a - b))) for a, b in
+              ((y, y_ref), (final, final_ref), (kept, kept_ref)))
+    return {"passed": err <= tol, "max_abs_err": err, "tolerance": tol}
+
+
+def kernels() -> dict[str, Any]:
+    from .kernels import ENABLE_ENV, NATIVE, PORTABLE, current_backend, register_native
+
+    backend = current_backend()
+    if backend == "cpu":
+        return {"backend": "cpu", "native": None, "note": "the portable path (no GPU here)"}
+    register_native()
+    if backend not in NATIVE:
+        return {"backend": backend, "native": None,
+                "note": f"native kernels off ({ENABLE_ENV[backend]}): the portable path runs"}
+    try:
+        return {"backend": backend, "native": backend, **check_kernels(NATIVE[backend], PORTABLE)}
+    except Exception as exc:  # a kernel that does not compile here: report, do not crash
+        return {"backend": backend, "native": backend, "passed": False,
+                "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+
+
+def offline_pair() -> dict[str, Any]:
+    from .offline import GGUF_SHA256, GGUF_SIZE, WHEEL_SPEC, gguf_cache_path
+    from .registry import default_pair
+
+    gguf, draft = gguf_cache_path(), default_pair().draft_path
+    present = gguf.is_file()
+    return {"target": str(gguf), "present": present, "source": WHEEL_SPEC,
+            "intact": present and intact(gguf, GGUF_SIZE, GGUF_SHA256, full=True),
+            "draft": str(draft), "draft_present": bool(draft and draft.is_dir())}
+
+
+def self_check(say: Say, max_tokens: int = SELF_CHECK_TOKENS, model: str | None = None,
+               draft: str | None = None) -> dict[str, Any]:
+    """A pair (default: the offline one) on two prompts: speculative tokens == plain greedy."""
+    from .runtime import DFlashRuntime
+
+    say("self-check: loading the offline pair" if model is None else f"self-check: {model}")
+    rt = DFlashRuntime.from_pretrained(model, draft)
+    warm = [{"role": "user", "content": "Hi"}]
+    rt.generate(warm, max_tokens=4)  # compile both paths before timing them
+    rt.generate(warm, max_tokens=4, speculative=False)
+    prompts, spec_s, plain_s, spec_n, plain_n, committed, cycles = [], 0.0, 0.0, 0, 0, 0, 0
+    for i, text in enumerate(PROMPTS, 1):
+        say(f"self-check: prompt {i} of {len(PROMPTS)}")
+        messages = [{"role": "user", "content": text}]
+        plain = rt.generate(messages, max_tokens=max_tokens, speculative=False)
+        spec = rt.generate(messages, max_tokens=max_tokens)
+        prompts.append({"prompt": text, "tokens": spec.total_tokens,
+                        "equal": spec.speculative and spec.tokens == plain.tokens,
+                        "tokens_per_cycle": round(spec.tokens_per_cycle, 3)})
+        spec_s, plain_s = spec_s + spec.elapsed_s, plain_s + plain.elapsed_s
+        spec_n, plain_n = spec_n + spec.total_tokens, plain_n + plain.total_tokens
+        committed, cycles = committed + sum(spec.cycle_tokens), cycles + spec.cycles
+    spec_tps, plain_tps = spec_n / spec_s, plain_n / plain_s
+    return {"passed": all(p["equal"] for p in prompts),
+            "tokens_per_cycle": round(committed / max(cycles, 1), 3),
+            "speedup": round(spec_tps / plain_tps, 3),
+            "tokens_per_second": round(spec_tps, 2), "plain_tokens_per_second": round(plain_tps, 2),
+            "max_tokens": max_tokens, "prompts": prompts}
+
+
+def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> dict[str, Any]:
+    """The whole report as a JSON-able dict; `problems` lists one line (with the fix) each."""
+    import mlx.core as mx
+
+    from .kernels import current_backend
+
+    problems: list[str] = []
+    status = blas.status()
+    say("timing a 1024^3 fp32 GEMM")
+    report: dict[str, Any] = {
+        "platform": {"system": platform.platform(), "machine": platform.machine(),
+                     "python": platform.python_version()},
+        "mlx": {"version": mx.__version__, "backend": current_backend(),
+                "device": str(mx.default_device())},
+        "blas": {"library": status.library, "source": status.source, "warning": status.warning,
+                 "gemm_1024_ms": round(gemm_ms(), 2)},
+    }
+    if status.warning:
+        problems.append(f"BLAS: {status.warning}")
+    say("checking GPU kernels")
+    report["kernels"] = kernels()
+    if report["kernels"].get("passed") is False:
+        problems.append(
+            f"the {report['kernels']['backend']} kernels disagree with the portable path or do "
+            f"not build. Fix: set DFLASH_{report['kernels']['backend'].upper()}_KERNELS=0 and "
+            "report this output")
+    report["locations"] = locations()
+    if not report["locations"]["cache"]["writable"]:
+        problems.append(f"the cache folder {cache_root()} is not writable. Fix: make it "
+                        "writable, or set DFLASH_CACHE_DIR to a writable folder")
+    say("checking the offline pair (sha256 of the weights)")
+    pair = report["offline_pair"] = offline_pair()
+    if not pair["draft_present"]:
+        problems.append(f"the bundled draft {pair['draft']} is missing. Fix: reinstall "
+                        "dflash-chat from a full checkout")
+    if not pair["present"]:
+        problems.append("the offline pair is not downloaded. Fix: run `dflash generate --prompt "
+                        "hi` once with network (or set DFLASH_SMOLLM2_WHEEL to the wheel)")
+    elif not pair["intact"]:
+        problems.append(f"{pair['target']} is damaged. Fix: run `dflash generate --prompt hi`, "
+                        "which fetches it again")
+    if not run_self_check:
+        report["self_check"] = {"passed": None, "skipped": "--no-self-check"}
+    elif not (pair["intact"] and pair["draft_present"]):
+        report["self_check"] = {"passed": False, "skipped": "the offline pair is not usable"}
+    else:
+        try:
+            report["self_check"] = self_check(say)
+        except Exception as exc:  # the report is the point: say what failed, do not crash
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            report["self_check"] = {"passed": False, "error": f"{type(exc).__name__}: {detail}"}
+        if report["self_check"]["passed"] is False:
+            problems.append("self-check: speculative output differs from plain greedy or the "
+                            "pair did not run (see self_check). Fix: report this output as a bug")
+    report["problems"] = problems
+    report["ok"] = not problems
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    def size(n: int) -> str:
+        return f"{n / 1e6:.1f} MB"
+
+    b, k, p, s = (report[key] for key in ("blas", "kernels", "offline_pair", "self_check"))
+    lines = [
+        f"platform     {report['platform']['system']} ({report['platform']['machine']}), "
+        f"Python {report['platform']['python']}",
+        f"mlx          {report['mlx']['version']}, backend {report['mlx']['backend']} "
+        f"({report['mlx']['device']})",
+        f"blas         {b['library']} ({b['source']}): 1024^3 fp32 GEMM {b['gemm_1024_ms']:.1f} ms",
+        "kernels      " + (f"{k['native']} vs portable: "
+                           + ("ok" if k.get("passed") else "FAILED")
+                           + (f" (max abs err {k['max_abs_err']:.2e})" if "max_abs_err" in k
+                              else f" ({k.get('error', '')})")
+                           if k.get("native") else k["note"]),
+    ]
+    for name, loc in report["locations"].items():
+        state = size(loc["bytes"]) if loc["exists"] else "not created yet"
+        lines.append(f"{name:<12} {loc['path']} ({state}"
+                     + ("" if loc["writable"] else ", NOT writable") + ")")
+    lines.append(f"offline pair {p['target']}: "
+                 + ("intact" if p["intact"] else "damaged" if p["present"] else "not downloaded")
+                 + f"; draft {'present' if p['draft_present'] else 'MISSING'}")
+    if "tokens_per_cycle" in s:
+        lines.append(f"self-check   {'passed' if s['passed'] else 'FAILED'}: speculative == "
+                     f"plain greedy on {len(s['prompts'])} prompts "
+                     f"{'yes' if s['passed'] else 'NO'}, {s['tokens_per_cycle']:.2f} tokens/cycle, "
+                     f"speed-up {s['speedup']:.2f}x ({s['tokens_per_second']:.1f} vs "
+                     f"{s['plain_tokens_per_second']:.1f} tok/s)")
+    else:
+        lines.append(f"self-check   {'not run' if 'skipped' in s else 'FAILED'}: "
+                     f"{s.get('skipped') or s.get('error')}")
+    lines += [f"problem: {problem}" for problem in report["problems"]]
+    lines.append("all good" if report["ok"] else f"{len(report['problems'])} problem(s) found")
+    return "\n".join(lines)
+
+
+def doctor_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dflash doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-self-check", action="store_true",
+                        help="skip the self-check on the offline pair (about 20 s)")
+    args = parser.parse_args(argv)
+    say = (lambda message: None) if args.json else (
+        lambda message: print(f"... {message}", file=sys.stderr, flush=True))
+    report = diagnose(not args.no_self_check, say)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0 if report["ok"] else 1

@@ -1,0 +1,122 @@
+"""Sampling at temperature > 0, and speculative sampling that keeps the target's distribution.
+
+`SamplingParams` are the user's settings; `Sampler` turns logits into the processed
+distribution (temperature, then top-k, top-p and min-p filters, renormalized) and draws from
+it with its own seeded key sequence, so a seed reproduces the same tokens on one machine.
+
+Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the draft's tokens x_i are
+drawn from its processed distribution q_i, the target's verify gives p_i for the same
+positions, and `accept` keeps x_i with probability min(1, p_i(x_i) / q_i(x_i)). At the first
+rejection the token is drawn from norm(max(0, p_i - q_i)); when every draft is kept, the bonus
+token is drawn from the target's next distribution. Each committed token is then distributed
+exactly as the target alone would sample it, whatever q is: q only sets how often drafts are
+kept. Temperature 0 never comes here: the engine keeps its exact greedy path.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy (the target's argmax), the lossless default
+    top_p: float = 1.0  # keep the most likely tokens up to this total probability; 1: off
+    top_k: int = 0  # keep the k most likely tokens; 0: off
+    min_p: float = 0.0  # keep tokens at least this fraction of the top one's probability; 0: off
+    seed: int | None = None  # None: a fresh seed per call
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("temperature", self.temperature, self.temperature >= 0, "0 (greedy) or more"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "a probability in (0, 1]"),
+            ("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 0,
+             "a whole number, 0 for off"),
+            ("min_p", self.min_p, 0 <= self.min_p < 1, "a fraction in [0, 1)"),
+        )
+        for name, value, ok, expected in checks:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
+                raise ConfigError(f"{name}={value!r} is invalid. Fix: use {expected}.")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed={self.seed!r} is invalid. Fix: use a whole number.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Processed distributions and seeded draws for one generation."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.key = mx.random.key(seed)
+
+    def next_key(self) -> mx.array:
+        self.key, key = mx.random.split(self.key)
+        return key
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """logits [..., V] -> the processed distribution [..., V] (float32, rows sum to 1)."""
+        p = self.params
+        logprobs = logits.astype(mx.float32) / p.temperature
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        removed = mx.zeros(logprobs.shape, dtype=mx.bool_)
+        if p.top_k and p.top_k < logprobs.shape[-1]:
+            kth = mx.sort(logprobs, axis=-1)[..., -p.top_k][..., None]
+            removed = removed | (logprobs < kth)
+        if p.top_p < 1.0:
+            # Drop the tokens whose more likely tokens already hold top_p (the top one stays).
+            ordered = mx.sort(logprobs, axis=-1)
+            probs = mx.exp(ordered)
+            above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+            dropped = (above >= p.top_p).sum(axis=-1, keepdims=True)
+            threshold = mx.take_along_axis(ordered, dropped, axis=-1)
+            removed = removed | (logprobs < threshold)
+        if p.min_p > 0:
+            top = mx.max(logprobs, axis=-1, keepdims=True)
+            removed = removed | (logprobs < top + math.log(p.min_p))
+        probs = mx.where(removed, 0.0, mx.exp(logprobs))
+        return probs / mx.sum(probs, axis=-1, keepdims=True)
+
+    def draw(self, probs: mx.array) -> mx.array:
+        """One token id per row of `probs` [..., V]."""
+        return mx.random.categorical(mx.log(probs), axis=-1, key=self.next_key())
+
+    def accept(self, verify_in: mx.array, p: mx.array, q: mx.array) -> tuple[mx.array, mx.array]:
+        """Speculative sampling acceptance for one verify.
+
+        verify_in [1, n + 1] (staged token, then n drafts drawn from q); p [n + 1, V] the
+        target's processed distributions at those positions; q [n, V] the draft's (zero
+        outside its token subset). -> (accepted count a, the token after the kept drafts)."""
+        n = q.shape[0]
+        drafts = verify_in[0, 1:]
+        px = mx.take_along_axis(p[:n], drafts[:, None], axis=-1)[:, 0]
+        qx = mx.take_along_axis(q, drafts[:, None], axis=-1)[:, 0]
+        u = mx.random.uniform(shape=(n,), key=self.next_key())
+        kept = (u * qx < px).astype(mx.int32)  # u < p/q, without dividing by q
+        a = mx.sum(mx.cumprod(kept))
+        # Row i < n: the residual after rejecting draft i; row n: the bonus distribution.
+        rows = mx.concatenate([mx.maximum(p[:n] - q, 0.0), p[n:]], axis=0)
+        row = rows[a]
+        total = mx.sum(row)
+        # A rejection only happens where p(x) < q(x), so the residual has mass; the guard
+        # covers float round-off.
+        row = mx.where(total > 0, row / mx.maximum(total, 1e-30), p[mx.minimum(a, n)])
+        return a, self.draw(row)
+
+
+def full_vocab(q: mx.array, ids: mx.array | None, vocab: int) -> mx.array:
+    """A distribution over a token subset [n, K] (ids [K]) -> over the vocabulary [n, V]."""
+    if ids is None:
+        return q
+    index = mx.broadcast_to(ids[None, :], q.shape)
+    return mx.put_along_axis(mx.zeros((q.shape[0], vocab), dtype=q.dtype), index, q, axis=-1)

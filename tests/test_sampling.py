@@ -1,0 +1,247 @@
+"""Sampling at temperature > 0: speculative sampling keeps the target's distribution.
+
+The statistical test runs the engine's own speculative loop (`speculative_decode` with a
+`Sampler`: draft draws, acceptance, residual and bonus draws, verify cut, token subset) on a
+small-vocabulary Markov target and a deliberately different Markov draft, whose exact
+distributions are known, so 20,000 replies cost only the loop's own overhead. The same test,
+run with a wrong acceptance rule on a quarter of the samples, must reject it: it has power."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy import stats
+
+from engine.cycle import DraftProposer, draw_proposal, speculative_decode
+from engine.errors import ConfigError
+from engine.sampling import Sampler, SamplingParams
+from engine.targets.base import TargetAdapter
+
+V = 6
+TOKENS = 4  # tokens 1..4 of each reply: the prefill's draw, then the cycles'
+SAMPLES = 20_000
+WRONG_SAMPLES = 5_000  # fewer than SAMPLES: the wrong rule must fail even with these
+PARAMS = SamplingParams(temperature=0.9, top_k=5)  # a filter on both p and q
+
+
+class Length:
+    """The cache of a table target: only how many tokens it holds."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.state: list = []
+
+    def trim(self, n: int) -> None:
+        self.offset -= n
+
+
+class MarkovTarget(TargetAdapter):
+    """A target whose next-token logits depend on the last token only: table[token]."""
+
+    def __init__(self, table: np.ndarray) -> None:  # no mlx-lm model behind it
+        self.table = mx.array(table, dtype=mx.float32)
+
+    @property
+    def vocab_size(self) -> int:
+        return V
+
+    def make_cache(self) -> list:
+        return [Length()]
+
+    def forward(self, tokens, cache, tap_ids, last_only=False):
+        cache[0].offset += tokens.shape[1]
+        logits = self.table[tokens]
+        return (logits[:, -1:] if last_only else logits), mx.zeros((1, tokens.shape[1], 0))
+
+    def begin_verify(self, cache) -> None:
+        pass
+
+    def rollback(self, cache, keep, verified) -> None:
+        cache[0].trim(verified - keep)
+
+
+class MarkovDraft(DraftProposer):
+    """Proposes a block in parallel, like DFlash: slot i's logits depend on the staged token
+    and i only; over a token subset (q is zero outside it), with the verify cut on."""
+
+    def __init__(self, table: np.ndarray, ids: list[int], min_confidence: float | None):
+        self.table = mx.array(table, dtype=mx.float32)  # [V, B - 1, len(ids)]
+        self.ids = mx.array(ids, dtype=mx.int32)
+        self.min_confidence = min_confidence
+        self.cache: list = []
+
+    @property
+    def tap_ids(self):
+        return []
+
+    def append_context(self, taps) -> None:
+        pass
+
+    def propose_sampled(self, staged, size, position, sampler):
+        logits = self.table[staged, : size - 1][None]
+        return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence)
+
+
+def tables(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    target = rng.normal(0, 1.5, (V, V))
+    draft = rng.normal(0, 1.5, (V, 3, V - 1))  # blocks of 4: 3 drafts, 5 of 6 tokens
+    return target, draft
+
+
+def exact_distribution(target: np.ndarray, first: int) -> dict[tuple, float]:
+    """P(tokens 1..4) when the target alone samples with PARAMS, after token `first`."""
+    p = np.array(Sampler(PARAMS).probs(mx.array(target, dtype=mx.float32)))
+    out = {}
+    for seq in itertools.product(range(V), repeat=TOKENS):
+        prob, last = 1.0, first
+        for t in seq:
+            prob *= p[last, t]
+            last = t
+        if prob > 0:
+            out[seq] = prob
+    return out
+
+
+def sample_replies(target, draft, n: int, seed: int) -> list[tuple]:
+    replies = []
+    for i in range(n):
+        sampler = Sampler(SamplingParams(PARAMS.temperature, PARAMS.top_p, PARAMS.top_k,
+                                         PARAMS.min_p, seed=seed + i))
+        tokens: list[int] = []
+        for commit in speculative_decode(target, draft, [2], TOKENS, 4, 512,
+                                         sampler=sampler):
+            tokens += commit.tokens
+        replies.append(tuple(tokens[:TOKENS]))
+    return replies
+
+
+def chi_square_pvalue(replies: list[tuple], expected: dict[tuple, float]) -> float:
+    """Goodness of fit of the replies to the exact distribution; cells with an expected count
+    under 5 are pooled into one."""
+    n = len(replies)
+    total = sum(expected.values())  # 1 up to float32 round-off
+    expected = {s: p / total for s, p in expected.items()}
+    counts: dict[tuple, int] = {}
+    for r in replies:
+        counts[r] = counts.get(r, 0) + 1
+    assert set(counts) <= set(expected), "a reply the target can never produce"
+    big = [s for s, p in expected.items() if p * n >= 5]
+    obs = [counts.get(s, 0) for s in big]
+    exp = [expected[s] * n for s in big]
+    obs.append(n - sum(obs))
+    exp.append(max(n - sum(exp), 0.0))
+    return float(stats.chisquare(obs, exp, sum_check=False).pvalue)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target_table, draft_table = tables()
+    return (MarkovTarget(target_table), exact_distribution(target_table, first=2),
+            draft_table)
+
+
+def test_speculative_sampling_keeps_the_target_distribution(setup):
+    target, expected, draft_table = setup
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    replies = sample_replies(target, draft, SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_the_test_rejects_a_wrong_acceptance_rule(setup, monkeypatch):
+    """Drawing the token after a rejection from p instead of norm(max(0, p - q)): a common
+    mistake that biases the output towards the draft's rejected tokens."""
+    target, expected, draft_table = setup
+
+    def wrong_accept(self, verify_in, p, q):
+        n = q.shape[0]
+        drafts = verify_in[0, 1:]
+        px = mx.take_along_axis(p[:n], drafts[:, None], axis=-1)[:, 0]
+        qx = mx.take_along_axis(q, drafts[:, None], axis=-1)[:, 0]
+        u = mx.random.uniform(shape=(n,), key=self.next_key())
+        a = mx.sum(mx.cumprod((u * qx < px).astype(mx.int32)))
+        return a, self.draw(p[a])
+
+    monkeypatch.setattr(Sampler, "accept", wrong_accept)
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    replies = sample_replies(target, draft, WRONG_SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) < 1e-6
+
+
+def test_sampling_params_are_checked():
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1),
+                dict(top_k=2.5), dict(min_p=1.0), dict(seed="x")):
+        with pytest.raises(ConfigError, match="Fix: use"):
+            SamplingParams(**bad)
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_filters_shape_the_distribution():
+    logits = mx.array([[1.0, 2.0, 3.0, 4.0, 0.5]])
+    top2 = np.array(Sampler(SamplingParams(temperature=1.0, top_k=2)).probs(logits))[0]
+    assert (top2 > 0).tolist() == [False, False, True, True, False]
+    assert top2.sum() == pytest.approx(1.0)
+    nucleus = np.array(Sampler(SamplingParams(temperature=1.0, top_p=0.5)).probs(logits))[0]
+    assert nucleus.tolist() == [0, 0, 0, 1, 0]  # the top token alone holds 64%
+    minp = np.array(Sampler(SamplingParams(temperature=1.0, min_p=0.3)).probs(logits))[0]
+    assert (minp > 0).tolist() == [False, False, True, True, False]  # e^-1 > 0.3 > e^-2
+    hot = np.array(Sampler(SamplingParams(temperature=100.0)).probs(logits))[0]
+    assert hot.max() - hot.min() < 0.01  # a high temperature flattens the distribution
+
+
+# -- the runtime and the CLI on the tiny random pairs ------------------------------------------
+def load_pair(tiny_pairs, family, **config):
+    from engine import DFlashConfig, DFlashRuntime
+
+    target, draft = tiny_pairs(family)
+    return DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                         config=DFlashConfig(**config))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_seed_repeats_a_sampled_reply_and_temperature_0_stays_greedy(tiny_pairs, family):
+    rt = load_pair(tiny_pairs, family)
+    ids = rt.encode("What is 12 times 7?")
+    greedy = rt.generate(ids, 40, no_eos=True)
+    assert rt.generate(ids, 40, no_eos=True, temperature=0.0, top_k=3, seed=5).tokens == \
+        greedy.tokens  # temperature 0 ignores the filters and the seed: the greedy path
+    first = rt.generate(ids, 40, no_eos=True, temperature=0.8, top_p=0.95, seed=7)
+    again = rt.generate(ids, 40, no_eos=True, temperature=0.8, top_p=0.95, seed=7)
+    other = rt.generate(ids, 40, no_eos=True, temperature=0.8, top_p=0.95, seed=8)
+    assert first.speculative and first.cycles > 0 and len(first.tokens) == 40
+    assert first.tokens == again.tokens and first.tokens != other.tokens
+    plain = rt.generate(ids, 40, no_eos=True, temperature=0.8, seed=7, speculative=False)
+    assert plain.tokens == rt.generate(ids, 40, no_eos=True, temperature=0.8, seed=7,
+                                       speculative=False).tokens
+    assert all(0 <= t < rt.target.vocab_size for t in first.tokens + plain.tokens)
+
+
+def test_sampling_through_a_draft_token_subset(tiny_pairs):
+    """A draft head over a token subset: q is zero outside it; replies stay valid."""
+    rt = load_pair(tiny_pairs, "llama", min_draft_confidence=0.3)
+    from engine.draft_head import build_draft_head
+
+    ids = rt.encode("Hello world")
+    rt.token_ranking, rt.draft_vocab = list(range(rt.target.vocab_size)), 256
+    assert build_draft_head(rt.target, rt.token_ranking, rt.draft_vocab, ids).ids is not None
+    result = rt.generate(ids, 30, no_eos=True, temperature=1.0, seed=1)
+    assert len(result.tokens) == 30 and result.speculative
+
+
+def test_cli_sampling_flags(tiny_pairs, capsys):
+    from engine.cli import main
+
+    target, draft = tiny_pairs("llama")
+    base = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+            "--max-tokens", "10", "--no-eos"]
+    assert main(base + ["--temperature", "0.7", "--top-k", "20", "--seed", "3"]) == 0
+    first = capsys.readouterr().out
+    assert main(base + ["--temperature", "0.7", "--top-k", "20", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first
+    assert main(base + ["--temperature", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "temperature=-1.0 is invalid. Fix: use 0 (greedy) or more." in err
+    assert "Traceback" not in err
