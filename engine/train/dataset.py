@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..loading import RANKING_FILE
+from ..draft_head import RANKING_FILE
 
 
 @dataclass

@@ -32,7 +32,7 @@ def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any]:
 
 def loop_starts(rows: np.ndarray, lengths: np.ndarray, window: int = 64,
                 threshold: float = 0.5, n: int = 4) -> np.ndarray:
-    """engine.metrics.loop_start for a batch at once: rows [B, T] (padded), lengths [B] ->
+    """engine.bench.metrics.loop_start for a batch at once: rows [B, T] (padded), lengths [B] ->
     [B] first position whose trailing `window` tokens repeat more than `threshold` of their
     n-grams, -1 where a row never loops. Vectorised: answers run to a thousand tokens."""
     B, width = rows.shape

@@ -1,0 +1,76 @@
+"""Tokens/cycle of one or more drafts on the evaluation suites, without timing: the target is
+loaded once and each draft decodes every prompt speculatively with whole blocks and the full
+vocabulary (greedy output is the target's own, so tokens/cycle alone tells drafts apart).
+
+    python scripts/draft_acceptance.py --draft engine/drafts/smollm2-135m-instruct-dflash \
+        --draft other/folder --limit 4 --json benchmarks/draft-acceptance-cpu.json
+
+Reports per suite and draft: tokens/cycle, non-loop tokens/cycle and the repeated-4-gram
+share (engine.bench.metrics). The JSON records the command line that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.bench.environment import machine_info, versions
+from engine.bench.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from engine.bench.suites import SUITES, load_prompts
+from engine.config import DFlashConfig
+from engine.loading import load_draft_folder
+from engine.runtime import DFlashRuntime
+
+
+def mean(runs: list[dict], key: str) -> float:
+    values = [r[key] for r in runs if r[key] is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
+    p.add_argument("--suite", action="append", choices=sorted(SUITES),
+                   help="suite (repeatable; default: all three)")
+    p.add_argument("--limit", type=int, default=4, help="first N prompts of each suite")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
+    base = DFlashRuntime.from_pretrained(config=config)
+    report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
+              "settings": "whole blocks, full vocabulary, greedy", "machine": machine_info(),
+              "versions": versions(), "drafts": {}}
+    for folder in args.draft:
+        rt = DFlashRuntime(base.model, base.tokenizer, load_draft_folder(Path(folder)), config,
+                           target=base.target)
+        rows = {}
+        for suite in args.suite or sorted(SUITES):
+            prompts, _ = load_prompts(suite=suite, limit=args.limit)
+            runs = []
+            for prompt in prompts:
+                result = rt.generate([{"role": "user", "content": prompt.text}],
+                                     max_tokens=args.max_tokens)
+                start = loop_start(result.tokens)
+                runs.append({"prompt_id": prompt.id, "tokens": len(result.tokens),
+                             "tokens_per_cycle": result.tokens_per_cycle,
+                             "tokens_per_cycle_nonloop":
+                                 nonloop_tokens_per_cycle(result.cycle_tokens, start),
+                             "repeat4_share": repeated_ngram_share(result.tokens)})
+            rows[suite] = {k: mean(runs, k) for k in ("tokens_per_cycle",
+                                                      "tokens_per_cycle_nonloop",
+                                                      "repeat4_share")}
+            rows[suite]["runs"] = runs
+            print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}  "
+                  f"non-loop {rows[suite]['tokens_per_cycle_nonloop']:.2f}  "
+                  f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}", flush=True)
+        report["drafts"][folder] = rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
