@@ -1,25 +1,12 @@
-"""`dflash generate | models | doctor | benchmark | train-draft`."""
+"""`dflash generate | serve | models | doctor | benchmark | train-draft`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from .errors import DFlashError
-
-
-def _json_arg(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg})") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(
-            "must be a JSON object, e.g. '{\"enable_thinking\": false}'"
-        )
-    return value
 
 
 def generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,12 +23,11 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-speculative", action="store_true",
                    help="decode with the target alone (same output when greedy)")
     add_sampling_args(p)
-    p.add_argument("--chat-template-args", type=_json_arg, default=None,
-                   help="JSON object passed to the chat template")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from .events import Finished
     from .runtime import DFlashRuntime
@@ -64,7 +50,6 @@ def run_generate(args: argparse.Namespace) -> int:
     result = None
     for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
                                     speculative=not args.no_speculative,
-                                    chat_template_args=args.chat_template_args,
                                     **sampling_from_args(args)):
         if isinstance(event, Finished):
             result = event.result
@@ -83,7 +68,8 @@ def run_generate(args: argparse.Namespace) -> int:
                  + ")")
     elif result.fallback_reason:
         line += f" [speculation off: {result.fallback_reason}]"
-    err.print(f"[dim]{line}[/dim]", highlight=False, soft_wrap=True)
+    # escape: the fallback note is in [brackets], which rich would read as markup and drop
+    err.print(f"[dim]{escape(line)}[/dim]", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -114,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("train-draft", help="train a DFlash draft for any mlx-lm target",
                    add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)", add_help=False)
+    argv = _as_generate(argv, set(sub.choices))
+    if argv and argv[0] == "serve":
+        from .server import serve_main
+
+        return serve_main(argv[1:])
     if argv and argv[0] == "benchmark":
         if "--synthetic" in argv:
             from .bench.synthetic import synthetic_main
@@ -138,6 +130,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _as_generate(argv: list[str], commands: set[str]) -> list[str]:
+    """dflash-mlx's form, `dflash --model M --prompt "..."` (no subcommand), is `generate`."""
+    if argv and argv[0] not in commands and any(
+            a == "--prompt" or a.startswith("--prompt=") for a in argv):
+        return ["generate", *argv]
+    return argv
+
+
+def serve_entry() -> int:
+    """The `dflash-serve` command (dflash-mlx's name): `dflash serve` with the same flags."""
+    return main(["serve", *sys.argv[1:]])
+
+
+def benchmark_entry() -> int:
+    """The `dflash-benchmark` command: `dflash benchmark` with the same flags."""
+    return main(["benchmark", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,12 @@ class DFlashConfig:
     # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
     # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
     dtype: str | None = None
+    # Bytes of recent conversation states (target + draft caches) kept for reuse across turns;
+    # "auto": an eighth of the machine's memory, at most 8 GiB; 0 turns reuse off.
+    prompt_cache_bytes: int | str = "auto"
+    # Keyword arguments for the chat template of every chat prompt (e.g. {"enable_thinking":
+    # false}); a call's own chat_template_args are merged over them.
+    chat_template_args: dict | None = None
 
     def __post_init__(self) -> None:
         bs = self.draft_block_size
@@ -68,6 +75,12 @@ class DFlashConfig:
                 not isinstance(v, int) or isinstance(v, bool) or v < MIN_DRAFT_VOCAB):
             raise ConfigError(f"draft_vocab={v!r}: use a token count of at least "
                               f"{MIN_DRAFT_VOCAB}, 'auto' or None (the full vocabulary)")
+        if self.chat_template_args is not None and not isinstance(self.chat_template_args, dict):
+            raise ConfigError(f"chat_template_args={self.chat_template_args!r}: use a dict of "
+                              "template keyword arguments, e.g. {'enable_thinking': False}")
+        pc = self.prompt_cache_bytes
+        if pc != "auto" and (not isinstance(pc, int) or isinstance(pc, bool) or pc < 0):
+            raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
 
     def min_confidence(self) -> float | None:
         """The verify cut, "auto" resolved (the same on every backend)."""
@@ -87,7 +100,9 @@ class DFlashConfig:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The DFlashConfig flags `dflash generate` and `dflash benchmark` share."""
     p.add_argument("--block-size", type=int, default=None, help="2..16 (default: the draft's)")
-    p.add_argument("--max-ctx", type=int, default=16384)
+    p.add_argument("--max-ctx", "--dflash-max-ctx", type=int, default=16384,
+                   help="prompt + max tokens beyond this: the target alone (--dflash-max-ctx: "
+                        "dflash-mlx's name)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
                    help="verify drafts only up to the first the draft gives probability < P; "
                         "'auto' (default): 0.4; 'off': whole blocks")
@@ -95,6 +110,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
                         f"{CPU_DRAFT_VOCAB} on CPU, off on GPUs; 'off': the full vocabulary")
+    p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
+                   help="JSON object passed to the chat template, e.g. "
+                        "'{\"enable_thinking\": false}'")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="target dtype (default: the checkpoint's own; the GGUF target: "
                         "float32, the fast one on CPU)")
@@ -124,7 +142,8 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
     return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
-                        draft_vocab=args.draft_vocab, **more)
+                        draft_vocab=args.draft_vocab,
+                        chat_template_args=args.chat_template_args, **more)
 
 
 def _auto_off_or(text: str, parse: Callable[[str], Any], valid: Callable[[Any], bool],
@@ -150,3 +169,16 @@ def vocab_arg(text: str) -> int | str | None:
     """argparse type for --draft-vocab: a token count, 'auto' or 'off'."""
     return _auto_off_or(text, int, lambda v: v >= MIN_DRAFT_VOCAB,
                         f"a token count of at least {MIN_DRAFT_VOCAB}")
+
+
+def json_object_arg(text: str) -> dict:
+    """argparse type for --chat-template-args: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            "must be a JSON object, e.g. '{\"enable_thinking\": false}'"
+        )
+    return value

@@ -8,7 +8,7 @@ greedy decoding. At temperature > 0, speculative sampling keeps the target's dis
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,16 +224,21 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
 
 
 def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
-                 prefill_chunk: int, sampler: Sampler | None = None) -> Iterator[Commit]:
+                 prefill_chunk: int, sampler: Sampler | None = None,
+                 cache: list[Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Iterator[Commit]:
     """Decoding by the target alone, through mlx-lm's own generate_step: greedy, or drawing
-    from `sampler`'s processed distribution (the same one speculative sampling keeps)."""
+    from `sampler`'s processed distribution (the same one speculative sampling keeps).
+    `cache`: the target's caches to continue (a resumed conversation); `progress(done, total)`
+    is called after each prefill chunk."""
     from mlx_lm.generate import generate_step
 
     def sample(logprobs: mx.array) -> mx.array:
         return sampler.draw(sampler.probs(logprobs))
 
     steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
-                          prefill_step_size=prefill_chunk,
+                          prefill_step_size=prefill_chunk, prompt_cache=cache,
+                          prompt_progress_callback=progress,
                           sampler=None if sampler is None else sample)
     for token, _ in steps:
         yield Commit([int(token)], 0)

@@ -105,17 +105,22 @@ def check_kernels(candidate: Any, reference: Any, tol: float = 1e-4) -> dict[str
 
 
 def kernels() -> dict[str, Any]:
-    from .kernels import ENABLE_ENV, NATIVE, PORTABLE, current_backend, register_native
+    from . import device
+    from .kernels import MODE_ENV, PORTABLE, select
 
-    backend = current_backend()
+    backend = device.current()
     if backend == "cpu":
         return {"backend": "cpu", "native": None, "note": "the portable path (no GPU here)"}
-    register_native()
-    if backend not in NATIVE:
-        return {"backend": backend, "native": None,
-                "note": f"native kernels off ({ENABLE_ENV[backend]}): the portable path runs"}
     try:
-        return {"backend": backend, "native": backend, **check_kernels(NATIVE[backend], PORTABLE)}
+        chosen = select(backend)
+    except Exception as exc:  # a bad DFLASH_KERNELS value: report it with its fix
+        return {"backend": backend, "native": None, "passed": False, "error": str(exc)}
+    if chosen is PORTABLE:
+        return {"backend": backend, "native": None,
+                "note": f"native kernels off ({MODE_ENV} or unproven here): the portable path "
+                        "runs"}
+    try:
+        return {"backend": backend, "native": backend, **check_kernels(chosen, PORTABLE)}
     except Exception as exc:  # a kernel that does not compile here: report, do not crash
         return {"backend": backend, "native": backend, "passed": False,
                 "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
@@ -166,7 +171,7 @@ def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> di
     """The whole report as a JSON-able dict; `problems` lists one line (with the fix) each."""
     import mlx.core as mx
 
-    from .kernels import current_backend
+    from . import device
 
     problems: list[str] = []
     status = blas.status()
@@ -174,7 +179,7 @@ def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> di
     report: dict[str, Any] = {
         "platform": {"system": platform.platform(), "machine": platform.machine(),
                      "python": platform.python_version()},
-        "mlx": {"version": mx.__version__, "backend": current_backend(),
+        "mlx": {"version": mx.__version__, "backend": device.current(),
                 "device": str(mx.default_device())},
         "blas": {"library": status.library, "source": status.source, "warning": status.warning,
                  "gemm_1024_ms": round(gemm_ms(), 2)},

@@ -48,6 +48,7 @@ class RunningStats:
     max_ctx: int
     peak_memory_bytes: int
     speculative: bool
+    cached_tokens: int = 0  # prompt tokens resumed from the conversation cache, not prefilled
 
     @property
     def tokens_per_second(self) -> float:
@@ -101,6 +102,7 @@ class GenerationResult:
     peak_memory_bytes: int
     cycle_tokens: list[int] = field(default_factory=list)  # tokens per cycle, in order
     cycle_profile: dict[str, float] = field(default_factory=dict)  # summed seconds by phase
+    cached_tokens: int = 0  # prompt tokens resumed from the conversation cache (0: fresh)
 
     @property
     def total_tokens(self) -> int:

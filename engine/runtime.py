@@ -11,12 +11,13 @@ import mlx.nn as nn
 
 from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
-from .cycle import Commit, DraftProposer, plain_decode, speculative_decode
+from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
 from .draft import DFlashDraft
 from .draft_head import build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .loading import Progress, load_draft, load_target
+from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
@@ -50,6 +51,11 @@ class DFlashRuntime:
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
+        self.prompt_cache = PromptCache(resolve_cache_bytes(self.config.prompt_cache_bytes))
+
+    def clear_cache(self) -> None:
+        """Forget every cached conversation state (the next request prefills in full)."""
+        self.prompt_cache.clear()
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, draft: str | None = None,
@@ -84,8 +90,9 @@ class DFlashRuntime:
                 raise PromptError(
                     f"{self.target_id} has no chat template. Fix: pass raw text instead."
                 )
+            kwargs = {**(self.config.chat_template_args or {}), **(chat_template_args or {})}
             ids = self.tokenizer.apply_chat_template(
-                items, add_generation_prompt=True, tokenize=True, **(chat_template_args or {})
+                items, add_generation_prompt=True, tokenize=True, **kwargs
             )
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
         raise PromptError(
@@ -136,25 +143,70 @@ class DFlashRuntime:
                         f"({self.config.max_ctx}): decoded by the target alone")
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
+        reuse: list[PromptState] = []  # filled on the first next(): the state it resumed
         if use_draft:
-            commits = self._speculative(ids, max_tokens, block_size, profile, sampler)
+            commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse)
         else:
-            commits = plain_decode(self.target, ids, max_tokens, self.config.prefill_chunk,
-                                   sampler)
-        return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size)
+            commits = self._plain(ids, max_tokens, sampler, reuse)
+        return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size,
+                           reuse)
+
+    def _resume(self, ids: list[int], use_draft: bool, reuse: list[PromptState]
+                ) -> PromptState:
+        """The state of the longest cached prefix of `ids` (fresh caches when none)."""
+        draft = self.draft.make_cache() if use_draft else None
+        state = self.prompt_cache.fetch(ids, self.target.make_cache(), draft)
+        reuse.append(state)
+        return state
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
-                     sampler: Sampler | None) -> Iterator[Commit]:
-        # The request's draft head is built on the first next(), so the timings (ttft) count it.
+                     sampler: Sampler | None, reuse: list[PromptState]) -> Iterator[Commit]:
+        # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
-        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence)
-        yield from speculative_decode(self.target, proposer, ids, max_tokens, block_size,
-                                      self.config.prefill_chunk, sync_phases=profile,
-                                      sampler=sampler)
+        state = self._resume(ids, True, reuse)
+        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence,
+                                 state.draft_cache)
+        todo = ids[state.cached:]
+        if state.recurrent:
+            # Recurrent states cannot be cut back: prefill up to the last prompt token and
+            # snapshot there (a regenerate resumes at that point). Attention caches are cut
+            # instead, sparing short prompts a second forward.
+            if len(todo) > 1:
+                prefill(self.target, state.cache, todo[:-1], self.config.prefill_chunk,
+                        proposer)
+            state.mark(len(ids) - 1)
+            todo = todo[-1:]
+        yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
+                                      self.config.prefill_chunk, cache=state.cache,
+                                      sync_phases=profile, sampler=sampler)
+
+    def _plain(self, ids: list[int], max_tokens: int, sampler: Sampler | None,
+               reuse: list[PromptState]) -> Iterator[Commit]:
+        """The target alone, through mlx-lm's generate_step (which prefills all but the last
+        prompt token first: the snapshot point)."""
+        state = self._resume(ids, False, reuse)
+        start = state.cached
+
+        def progress(done: int, total: int) -> None:
+            if done == total - 1:
+                state.mark(start + done)
+
+        yield from plain_decode(self.target, ids[start:], max_tokens, self.config.prefill_chunk,
+                                sampler, cache=state.cache, progress=progress)
+
+    def _keep(self, reuse: list[PromptState], held: list[int]) -> None:
+        """Store the finished request's state under the tokens its caches hold."""
+        if not reuse:
+            return
+        state = reuse[0]
+        n = self.target.cache_length(state.cache)
+        if state.draft_cache is not None and state.draft_cache[0].offset != n:
+            state.draft_cache = None  # not in step with the target: keep the target's only
+        self.prompt_cache.store(held[:n], state)
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
-               use_draft: bool, fallback: str | None, block_size: int
-               ) -> Iterator[Span | Finished]:
+               use_draft: bool, fallback: str | None, block_size: int,
+               reuse: list[PromptState]) -> Iterator[Span | Finished]:
         stop_ids = set() if no_eos else set(self.tokenizer.eos_token_ids)
         detok = self.tokenizer.detokenizer
         detok.reset()
@@ -164,12 +216,15 @@ class DFlashRuntime:
         start = time.perf_counter()
         first_at = None
         finish = "length"
+        held = list(ids)  # what the caches may hold: the prompt and every committed token
+        consistent = False  # the caches are between cycles (done or cancelled), not mid-one
         try:
             for commit in commits:
                 now = time.perf_counter()
                 if first_at is None:
                     first_at = now
                 new = commit.tokens
+                held.extend(new)
                 hit = next((i for i, t in enumerate(new) if t in stop_ids), None)
                 if hit is not None:
                     new, finish = new[:hit], "stop"
@@ -181,42 +236,49 @@ class DFlashRuntime:
                     cycle_tokens.append(commit.cycle.committed)
                     for phase in profile:
                         profile[phase] += getattr(commit.cycle, f"{phase}_s")
+                cached = reuse[0].cached if reuse else 0
                 stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, now,
-                                    use_draft)
+                                    use_draft, cached)
                 if new:
                     yield Span(tuple(new), n_draft, text, draft_text, stats, commit.cycle)
                 if finish == "stop" or len(tokens) >= max_tokens:
                     break
+            consistent = True
         except GeneratorExit:
-            finish = "cancelled"
+            finish, consistent = "cancelled", True
             raise
         finally:
             commits.close()
+            if consistent:
+                self._keep(reuse, held)
+        cached = reuse[0].cached if reuse else 0
         detok.finalize()
         tail = detok.last_segment
         end = time.perf_counter()
         first_at = first_at or end
         if tail:
-            stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, end, use_draft)
+            stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, end, use_draft,
+                                cached)
             yield Span((), 0, tail, "", stats, None)
         result = GenerationResult(
             text=self.tokenizer.decode(tokens), tokens=tokens, prompt_tokens=len(ids),
             finish_reason=finish, speculative=use_draft, fallback_reason=fallback,
             block_size=block_size, elapsed_s=end - start, prefill_s=first_at - start,
             ttft_s=first_at - start, decode_s=end - first_at, peak_memory_bytes=peak_memory(),
-            cycle_tokens=cycle_tokens, cycle_profile=profile,
+            cycle_tokens=cycle_tokens, cycle_profile=profile, cached_tokens=cached,
         )
         yield Finished(result)
 
     def _stats(self, ids: list[int], tokens: list[int], cycles: int, start: float,
-               first_at: float, now: float, use_draft: bool) -> RunningStats:
+               first_at: float, now: float, use_draft: bool, cached: int = 0) -> RunningStats:
         prefill_s = first_at - start
+        prefilled = len(ids) - cached  # tokens actually run through the target
         return RunningStats(
             prompt_tokens=len(ids), generated=len(tokens), cycles=cycles,
             elapsed_s=now - start, decode_s=now - first_at, ttft_s=prefill_s,
-            prefill_tokens_per_second=len(ids) / prefill_s if prefill_s > 0 else 0.0,
+            prefill_tokens_per_second=prefilled / prefill_s if prefill_s > 0 else 0.0,
             ctx_used=len(ids) + len(tokens), max_ctx=self.config.max_ctx,
-            peak_memory_bytes=peak_memory(), speculative=use_draft,
+            peak_memory_bytes=peak_memory(), speculative=use_draft, cached_tokens=cached,
         )
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,

@@ -206,6 +206,15 @@ def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     assert bad == 2
 
 
+def test_data_files_of_the_same_name_keep_apart_in_logs():
+    from pathlib import Path
+
+    from engine.train.loop import data_names
+
+    paths = [Path("a/data.npz"), Path("b/data.npz"), Path("c/extra.npz")]
+    assert data_names(paths) == ["a/data.npz", "b/data.npz", "extra.npz"]
+
+
 def test_validation_split_spans_the_whole_dataset():
     # generation runs in equal-prompt-length groups: a tail split would be one group
     data = Dataset([[i, i + 1, i + 2] for i in range(100)], [1] * 100)

@@ -363,7 +363,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         from ..runtime import DFlashRuntime
 
         try:
-            config = config_from_args(args)
+            # Every run prefills in full: conversation-state reuse would time cached prompts.
+            config = config_from_args(args, prompt_cache_bytes=0)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):

@@ -218,6 +218,13 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
             "blocks": blocks}
 
 
+def data_names(paths: Sequence[Path]) -> list[str]:
+    """Short names for data files in logs: the file name, or the whole path where two files
+    share a name (data runs all write data.npz)."""
+    names = [p.name for p in paths]
+    return [n if names.count(n) == 1 else str(p) for n, p in zip(names, paths)]
+
+
 def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: Path,
                  heldout_path: Path, say: Callable) -> Dataset:
     """The target's answers: to the real-prompt mix when --prompts-file is given (phases
@@ -302,14 +309,15 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if heldout_path.is_file():
         val_sets["heldout"] = Dataset.load(heldout_path)
     train_parts = []
-    for path in [data_path, *map(Path, cfg.extra_data)]:
+    paths = [data_path, *map(Path, cfg.extra_data)]
+    for path, name in zip(paths, data_names(paths)):
         part = data if path == data_path else Dataset.load(path)
         kept, val = part.split(cfg.val_size)
         train_parts.append(kept)
-        val_sets[path.name] = val
+        val_sets[name] = val
         say(f"data: {len(kept)} training + {len(val)} validation sequences from {path}")
     train_set = Dataset.concat(train_parts)
-    val_name = "heldout" if "heldout" in val_sets else data_path.name
+    val_name = "heldout" if "heldout" in val_sets else next(iter(val_sets))
     val_set = val_sets[val_name]
 
     mask_id = cfg.mask_token_id
