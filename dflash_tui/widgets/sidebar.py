@@ -198,8 +198,8 @@ class StatsSidebar(VerticalScroll):
             row("tok/s", f"{s.tokens_per_second:.1f}")
             row("prefill (TTFT)", f"{s.ttft_s * 1000:.0f} ms")
             # Prompt tokens the engine resumed from its conversation cache instead of
-            # prefilling again (engine stats without the field: nothing cached).
-            cached = getattr(s, "cached_tokens", 0)
+            # prefilling again.
+            cached = s.cached_tokens
             row("cached", f"{cached} / {s.prompt_tokens} tokens")
             row("prefill tok/s", f"{s.prefill_tokens_per_second:.0f}")
             row("cycles", f"{s.cycles}")

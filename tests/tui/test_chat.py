@@ -211,3 +211,31 @@ async def test_error_text_with_brackets_is_shown_verbatim(make_app):
         await wait_for(pilot, lambda: bool(app.chat.query(".notice")))
         await pilot.pause()
         assert str(app.chat.query_one(".notice").render()).startswith(text)
+
+
+async def test_second_turn_reuses_the_engine_cache_and_the_sidebar_says_so(tiny_pair):
+    import io
+
+    from rich.console import Console
+
+    from dflash_tui.app import DFlashChatApp
+    from dflash_tui.backends import RealBackend
+
+    app = DFlashChatApp(model=tiny_pair[0], draft=tiny_pair[1], backend_factory=RealBackend)
+    app.settings.max_tokens = 12
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        sidebar = app.chat.query_one(StatsSidebar)
+        cached = []
+        for text in ("the first turn", "the second turn"):
+            await send(pilot, text)
+            await wait_for(pilot, lambda: app.chat.active is None and replies(app)
+                           and replies(app)[-1].status in ("done", "length"))
+            cached.append((sidebar.stats.cached_tokens, sidebar.stats.prompt_tokens))
+        assert cached[0][0] == 0  # a fresh conversation prefills everything
+        # The second turn resumes the first turn's prompt and reply from the engine's cache.
+        assert 0 < cached[1][0] < cached[1][1]
+        console = Console(width=40, file=io.StringIO(), record=True)
+        console.print(sidebar.query_one("#numbers").content)
+        rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
+        assert f"cached {cached[1][0]} / {cached[1][1]} tokens" in rows
