@@ -118,6 +118,7 @@ class FakeBackend:
         self.max_ctx = max_ctx
         self.info: dict = {}
         self.block_size = 4
+        self.held: list[dict[str, str]] = []  # the last conversation, as the engine caches it
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
@@ -147,12 +148,18 @@ class FakeBackend:
         text = self.reply if self.reply is not None else FAKE_REPLY
         words = [w + " " for w in text.split(" ")][:max_tokens]
         words[-1] = words[-1][:-1]
-        prompt_tokens = (
-            sum(len(m["content"].split()) + 4 for m in prompt)
-            if isinstance(prompt, list)
-            else len(prompt.split())
-        )
+        def tokens(messages: list[dict[str, str]]) -> int:
+            return sum(len(m["content"].split()) + 4 for m in messages)
+
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        prompt_tokens = tokens(messages)
         check_context(prompt_tokens, self.max_ctx)
+        # Like the engine's conversation cache: the turns this prompt shares with the last
+        # conversation (its prompt and reply) are resumed, not prefilled again.
+        shared = 0
+        while shared < min(len(messages), len(self.held)) and messages[shared] == self.held[shared]:
+            shared += 1
+        cached = tokens(messages[:shared])
         generated, cycles, pos = 0, 0, 0
         committed: list[int] = []
         speculative = self.fallback is None
@@ -182,6 +189,7 @@ class FakeBackend:
                 max_ctx=self.max_ctx,
                 peak_memory_bytes=300_000_000 + generated * 1000,
                 speculative=speculative,
+                cached_tokens=cached,
             )
             yield Span(
                 tokens=tuple(range(len(chunk))),
@@ -206,5 +214,7 @@ class FakeBackend:
                 decode_s=generated * 0.01,
                 peak_memory_bytes=300_000_000 + generated * 1000,
                 cycle_tokens=committed,
+                cached_tokens=cached,
             )
         )
+        self.held = [*messages, {"role": "assistant", "content": "".join(words)}]

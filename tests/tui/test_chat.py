@@ -213,16 +213,12 @@ async def test_error_text_with_brackets_is_shown_verbatim(make_app):
         assert str(app.chat.query_one(".notice").render()).startswith(text)
 
 
-async def test_second_turn_reuses_the_engine_cache_and_the_sidebar_says_so(tiny_pair):
+async def test_second_turn_reuses_the_engine_cache_and_the_sidebar_says_so(make_app):
     import io
 
     from rich.console import Console
 
-    from dflash_tui.app import DFlashChatApp
-    from dflash_tui.backends import RealBackend
-
-    app = DFlashChatApp(model=tiny_pair[0], draft=tiny_pair[1], backend_factory=RealBackend)
-    app.settings.max_tokens = 12
+    app = make_app(max_tokens=12)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         sidebar = app.chat.query_one(StatsSidebar)
