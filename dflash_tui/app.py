@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -12,13 +13,35 @@ from textual.screen import Screen
 
 from dflash_tui import config
 from dflash_tui.backends import Backend, RealBackend
+from dflash_tui.messages import (
+    DeleteConversation,
+    EngineReady,
+    LoadPair,
+    OpenConversation,
+    RenameConversation,
+    ToggleView,
+)
 from dflash_tui.screens.chat import ChatScreen
-from dflash_tui.screens.conversations import NEW, ConversationsScreen
-from dflash_tui.screens.help import HelpScreen
+from dflash_tui.screens.conversations import ConversationsScreen
+from dflash_tui.screens.help import HelpScreen, binding_rows
 from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.screens.picker import PickerScreen
-from dflash_tui.store import Store, export_markdown
+from dflash_tui.store import Store, StoredMessage, export_markdown
 from dflash_tui.worker import EngineWorker
+
+
+@dataclass
+class ChatSettings:
+    """What a reply is generated with: the conversation's own values over the defaults."""
+
+    system_prompt: str
+    max_tokens: int
+    block_size: int  # 0: the draft's own
+
+
+def title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line[:48] + ("…" if len(line) > 48 else "")
 
 
 class DFlashChatApp(App[None]):
@@ -27,12 +50,18 @@ class DFlashChatApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+        # Ours rather than Textual's implicit one, so it has an id and can be rebound.
+        Binding(
+            "ctrl+p", "command_palette", "palette", id="app.command_palette",
+            priority=True, show=False,
+        ),
         Binding("f1", "help", "Help", id="app.help"),
         Binding("f2", "pick_model", "Models", id="app.pick_model"),
         Binding("ctrl+l", "conversations", "Chats", id="app.conversations"),
         Binding("ctrl+n", "new_conversation", "New", id="app.new_conversation"),
         Binding("f5", "settings", "Settings", id="app.settings"),
-        Binding("ctrl+e", "export", "Export", id="app.export"),
+        # priority: the prompt's TextArea would take Ctrl+E (end of line) first.
+        Binding("ctrl+e", "export", "Export", id="app.export", priority=True, show=False),
     ]
 
     def __init__(
@@ -49,6 +78,7 @@ class DFlashChatApp(App[None]):
         self.settings, self.config_problem = config.load_settings(self.config_file)
         self.model = model or self.settings.model or None
         self.draft = draft or self.settings.draft or None
+        self.info: dict = {}  # the loaded pair's describe(); {} until the engine is ready
         self.data_dir = data_dir or config.data_dir()
         self.store = Store.open_default(self.data_dir)
         self.conversation_id: int | None = None
@@ -62,10 +92,35 @@ class DFlashChatApp(App[None]):
     async def on_mount(self) -> None:
         if self.settings.theme in self.available_themes:
             self.theme = self.settings.theme
+        self.apply_keymap()
         self.worker.start()
         self.load_pair(self.model, self.draft)
         if self.config_problem:
-            self.notify(self.config_problem, severity="warning", timeout=10)
+            self.notify(self.config_problem, severity="warning", timeout=15, markup=False)
+        if self.store.moved_aside is not None:
+            self.notify(
+                f"The chat history was damaged and could not be read. It was moved to "
+                f"{self.store.moved_aside} (kept, not deleted); a fresh history starts here.",
+                title="History",
+                severity="warning",
+                timeout=30,
+                markup=False,
+            )
+
+    def apply_keymap(self) -> None:
+        """The config file's [keymap] (binding id -> keys) over the default bindings."""
+        known = {row[0] for row in binding_rows()}
+        keymap = self.settings.keymap
+        unknown = sorted(set(keymap) - known)
+        self.set_keymap({k: v for k, v in keymap.items() if k in known})
+        if unknown:
+            self.notify(
+                f"Config file {self.config_file}: [keymap] has no binding "
+                f"{', '.join(unknown)}; F1 lists the binding ids.",
+                severity="warning",
+                timeout=15,
+                markup=False,
+            )
 
     def watch_theme(self, theme: str) -> None:
         if theme != self.settings.theme:
@@ -73,25 +128,118 @@ class DFlashChatApp(App[None]):
             self.save_settings()
 
     def save_settings(self) -> None:
+        if self.config_problem:
+            # Never overwrite a file we could not read fully: the user's fix would be lost.
+            return
         try:
             config.save_settings(self.settings, self.config_file)
         except OSError as exc:
-            self.notify(f"Could not save settings to {self.config_file}: {exc}", severity="error")
+            self.notify(
+                f"Could not save settings to {self.config_file}: {exc}", severity="error",
+                markup=False,
+            )
+
+    # the current conversation: the app is its one owner -------------------------------------
+
+    def effective(self) -> ChatSettings:
+        """The open conversation's settings, falling back to the defaults for unset ones."""
+        s = self.settings
+        conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
+        if conv is None:
+            return ChatSettings(s.system_prompt, s.max_tokens, s.block_size)
+        return ChatSettings(
+            conv.system_prompt if conv.system_prompt is not None else s.system_prompt,
+            conv.max_tokens or s.max_tokens,
+            conv.block_size if conv.block_size is not None else s.block_size,
+        )
+
+    def begin_conversation(self, first_message: str) -> int:
+        """The conversation a message goes to: the open one, or a new one named after it."""
+        if self.conversation_id is None:
+            s = self.settings
+            conv = self.store.create_conversation(
+                title_from(first_message),
+                system_prompt=s.system_prompt,
+                max_tokens=s.max_tokens,
+                block_size=s.block_size,
+            )
+            self._set_current(conv.id, conv.title)
+        assert self.conversation_id is not None
+        # Record the pair this conversation talks to (the last one used, shown in Ctrl+L).
+        if self.info:
+            self.store.update_settings(
+                self.conversation_id, model=self.info.get("target"), draft=self.info.get("draft")
+            )
+        return self.conversation_id
+
+    # The open conversation's turns: the chat screen draws them, the app writes them.
+
+    def add_turn(self, role: str, content: str, status: str = "done") -> StoredMessage:
+        assert self.conversation_id is not None, "begin_conversation() first"
+        return self.store.add_message(self.conversation_id, role, content, status=status)
+
+    def save_turn(
+        self, message_id: int, content: str, status: str | None = None, stats: dict | None = None
+    ) -> None:
+        self.store.update_message(message_id, content, status=status, stats=stats)
+
+    def drop_turns(self, message_ids: list[int]) -> None:
+        self.store.delete_messages(message_ids)
+
+    def _set_current(self, conversation_id: int | None, title: str) -> None:
+        self.conversation_id = conversation_id
+        self.sub_title = title
+
+    async def open_conversation(self, conversation_id: int | None) -> None:
+        conv = self.store.get_conversation(conversation_id) if conversation_id else None
+        await self.chat.stop_reply()
+        self._set_current(conv.id if conv else None, conv.title if conv else "New chat")
+        await self.chat.show_conversation(self.conversation_id)
 
     def load_pair(self, model: str | None, draft: str | None) -> None:
         self.model, self.draft = model, draft
-        conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
-        block = (
-            conv.block_size if conv and conv.block_size is not None else self.settings.block_size
-        )
-        self.worker.submit_load(model, draft, block)
-
-    async def open_conversation(self, conversation_id: int | None) -> None:
-        await self.chat.show_conversation(conversation_id)
+        self.info = {}
+        self.worker.submit_load(model, draft, self.effective().block_size)
 
     async def on_unmount(self) -> None:
         self.worker.shutdown()
         self.store.close()
+
+    # messages from screens ------------------------------------------------------------------
+
+    async def on_open_conversation(self, message: OpenConversation) -> None:
+        await self.open_conversation(message.conversation_id)
+
+    def on_rename_conversation(self, message: RenameConversation) -> None:
+        self.store.rename_conversation(message.conversation_id, message.title)
+        if message.conversation_id == self.conversation_id:
+            conv = self.store.get_conversation(message.conversation_id)
+            self.sub_title = conv.title if conv else message.title
+        self._refresh_lists()
+
+    async def on_delete_conversation(self, message: DeleteConversation) -> None:
+        self.store.delete_conversation(message.conversation_id)
+        self._refresh_lists()
+        if message.conversation_id == self.conversation_id:
+            await self.open_conversation(None)
+
+    def _refresh_lists(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, ConversationsScreen):
+                screen.reload()
+
+    def on_toggle_view(self, message: ToggleView) -> None:
+        s = self.settings
+        setattr(s, message.setting, not getattr(s, message.setting))
+        self.chat.apply_view()
+        self.save_settings()
+
+    def on_load_pair(self, message: LoadPair) -> None:
+        self.load_pair(message.model, message.draft)
+
+    def on_engine_ready(self, event: EngineReady) -> None:
+        # Bubbles up from the chat screen, which shows it; the app keeps what was loaded.
+        self.info = dict(event.info)
 
     # actions --------------------------------------------------------------------------------
 
@@ -100,33 +248,17 @@ class DFlashChatApp(App[None]):
             self.push_screen(HelpScreen())
 
     def action_pick_model(self) -> None:
-        def chosen(pair: tuple[str, str] | None) -> None:
-            if pair is not None:
-                target, draft = pair
-                self.load_pair(target, draft or None)
-
-        self.push_screen(PickerScreen(), chosen)
+        self.push_screen(PickerScreen())  # posts LoadPair when a pair is chosen
 
     def action_conversations(self) -> None:
-        async def chosen(cid: int | None) -> None:
-            if cid == NEW:
-                await self.open_conversation(None)
-            elif cid is not None:
-                await self.open_conversation(cid)
-
-        self.push_screen(ConversationsScreen(), chosen)
+        self.push_screen(ConversationsScreen())  # posts OpenConversation when one is chosen
 
     async def action_new_conversation(self) -> None:
         await self.open_conversation(None)
 
     def action_settings(self) -> None:
-        conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
         s = self.settings
-        current = (
-            conv.system_prompt if conv and conv.system_prompt is not None else s.system_prompt,
-            conv.max_tokens if conv and conv.max_tokens else s.max_tokens,
-            conv.block_size if conv and conv.block_size is not None else s.block_size,
-        )
+        current = self.effective()
 
         def saved(values: dict | None) -> None:
             if values is None:
@@ -140,7 +272,9 @@ class DFlashChatApp(App[None]):
                 self.save_settings()
             self.notify("Settings saved", timeout=2)
 
-        self.push_screen(SettingsScreen(*current), saved)
+        self.push_screen(
+            SettingsScreen(current.system_prompt, current.max_tokens, current.block_size), saved
+        )
 
     def action_export(self) -> Path | None:
         conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
@@ -154,10 +288,11 @@ class DFlashChatApp(App[None]):
             path.write_text(export_markdown(conv, self.store.messages(conv.id)), encoding="utf-8")
         except OSError as exc:
             self.notify(
-                f"Export failed: {exc}. Check that {path.parent} is writable.", severity="error"
+                f"Export failed: {exc}. Check that {path.parent} is writable.", severity="error",
+                markup=False,
             )
             return None
-        self.notify(f"Exported to {path}", timeout=5)
+        self.notify(f"Exported to {path}", timeout=5, markup=False)
         return path
 
     def action_rename(self) -> None:
@@ -171,8 +306,7 @@ class DFlashChatApp(App[None]):
 
         def done(title: str | None) -> None:
             if title is not None:
-                self.store.rename_conversation(cid, title)
-                self.sub_title = title
+                self.post_message(RenameConversation(cid, title))
 
         self.push_screen(TextPrompt("Rename conversation", conv.title if conv else ""), done)
 
@@ -205,6 +339,14 @@ class DFlashChatApp(App[None]):
         yield SystemCommand("Reply: stop", "Stop streaming, keep the text (Esc)", chat.action_stop)
         yield SystemCommand(
             "Reply: copy last", "Copy the last reply (Ctrl+Y)", chat.action_copy_last
+        )
+        yield SystemCommand(
+            "Reply: regenerate", "Replace the last reply with a new one (Ctrl+R)",
+            chat.action_regenerate,
+        )
+        yield SystemCommand(
+            "Message: edit last", "Edit and resend your last message (Ctrl+G)",
+            chat.action_edit_last,
         )
         yield SystemCommand(
             "View: toggle draft colours",

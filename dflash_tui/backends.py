@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from engine.errors import DFlashError, ModelNotAvailable  # no MLX: errors is plain Python
+from dflash_tui.firstrun import fetch_offline_model, is_offline_default
+from engine.errors import DFlashError  # no MLX: errors is plain Python
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -26,6 +27,21 @@ class Backend(Protocol):
         """Yield engine.events.Span objects then one Finished; close() the iterator to stop."""
 
 
+class ContextTooLong(DFlashError):
+    """The conversation no longer fits the model's context window."""
+
+
+def check_context(prompt_tokens: int, max_ctx: int) -> None:
+    """Refuse a prompt that leaves no room for a reply, saying what to do instead."""
+    if prompt_tokens >= max_ctx:
+        raise ContextTooLong(
+            f"This conversation is {prompt_tokens} tokens, more than the model's context "
+            f"window (max_ctx {max_ctx}), so there is no room for a reply. Your message is "
+            "saved. Start a new chat (Ctrl+N), or export this one (Ctrl+E) and paste the part "
+            "that matters into a new chat."
+        )
+
+
 def user_message(exc: BaseException) -> str:
     """The text to show for an engine error: DFlashError messages are already written for users."""
     if isinstance(exc, DFlashError | ValueError | FileNotFoundError):
@@ -37,15 +53,20 @@ def user_message(exc: BaseException) -> str:
 
 
 class RealBackend:
-    def __init__(self) -> None:
+    def __init__(self, max_ctx: int | None = None) -> None:
         self.rt: Any = None
+        self.max_ctx = max_ctx  # None: the engine's default
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
     ) -> dict:
+        if is_offline_default(model):
+            # First run: fetch the model in a child process so pip never draws on the screen.
+            fetch_offline_model(progress)
         from engine import DFlashConfig, DFlashRuntime  # imports MLX: worker thread only
 
-        config = DFlashConfig(draft_block_size=block_size or None)
+        more = {} if self.max_ctx is None else {"max_ctx": self.max_ctx}
+        config = DFlashConfig(draft_block_size=block_size or None, **more)
         self.rt = DFlashRuntime.from_pretrained(
             model=model or None, draft=draft or None, config=config, progress=progress
         )
@@ -54,6 +75,7 @@ class RealBackend:
     def stream(
         self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
     ) -> Iterator[Any]:
+        check_context(len(self.rt.encode(prompt)), self.rt.config.max_ctx)
         # block_size 0 means the draft's own; the engine takes it per call, no reload.
         return self.rt.stream_generate(prompt, max_tokens=max_tokens,
                                        block_size=block_size or None)
@@ -71,15 +93,32 @@ class FakeBackend:
     """Deterministic stand-in: same prompt -> same spans and stats, no clocks, no MLX.
 
     `delay` sleeps between spans (to test streaming and cancellation); `reply` overrides the
-    text; model ids starting with "bad" fail the way a missing checkpoint does.
+    text; `load_error`, when given, is raised by every load (a pair that cannot be loaded);
+    `pattern` is the tokens each cycle commits, repeated; `fallback` makes every reply run on
+    the target alone for that reason, as the engine does past max_ctx.
     """
 
-    def __init__(self, delay: float = 0.0, reply: str | None = None, load_delay: float = 0.0):
+    def __init__(
+        self,
+        delay: float = 0.0,
+        reply: str | None = None,
+        load_delay: float = 0.0,
+        load_error: Exception | None = None,
+        pattern: list[int] | None = None,
+        fallback: str | None = None,
+        max_ctx: int = 16384,
+    ):
         self.delay = delay
         self.reply = reply
         self.load_delay = load_delay
+        self.load_error = load_error
+        # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
+        self.pattern = pattern or [3, 1, 4, 2, 5, 1, 3]
+        self.fallback = fallback
+        self.max_ctx = max_ctx
         self.info: dict = {}
         self.block_size = 4
+        self.held: list[dict[str, str]] = []  # the last conversation, as the engine caches it
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
@@ -88,19 +127,16 @@ class FakeBackend:
             progress(f"Loading {model or 'default pair'}", step / 4)
             if self.load_delay:
                 time.sleep(self.load_delay / 5)
-        if (model or "").startswith("bad") or (draft or "").startswith("bad"):
-            raise ModelNotAvailable(
-                f"Model {model!r} was not found locally or on the Hugging Face Hub. Check the id "
-                "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct) or give a local folder path."
-            )
+        if self.load_error is not None:
+            raise self.load_error
         self.block_size = block_size or 4
         self.info = {
             "target": model or "HuggingFaceTB/SmolLM2-135M-Instruct",
-            "draft": draft or "dflash-smollm2-135m-draft (bundled)",
+            "draft": draft or "smollm2-135m-instruct-dflash",
             "backend": "cpu",
             "dtype": "float32",
             "block_size": self.block_size,
-            "max_ctx": 16384,
+            "max_ctx": self.max_ctx,
         }
         return dict(self.info)
 
@@ -112,24 +148,31 @@ class FakeBackend:
         text = self.reply if self.reply is not None else FAKE_REPLY
         words = [w + " " for w in text.split(" ")][:max_tokens]
         words[-1] = words[-1][:-1]
-        prompt_tokens = (
-            sum(len(m["content"].split()) + 4 for m in prompt)
-            if isinstance(prompt, list)
-            else len(prompt.split())
-        )
+        def tokens(messages: list[dict[str, str]]) -> int:
+            return sum(len(m["content"].split()) + 4 for m in messages)
+
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        prompt_tokens = tokens(messages)
+        check_context(prompt_tokens, self.max_ctx)
+        # Like the engine's conversation cache: the turns this prompt shares with the last
+        # conversation (its prompt and reply) are resumed, not prefilled again.
+        shared = 0
+        while shared < min(len(messages), len(self.held)) and messages[shared] == self.held[shared]:
+            shared += 1
+        cached = tokens(messages[:shared])
         generated, cycles, pos = 0, 0, 0
         committed: list[int] = []
-        # Fixed acceptance pattern so snapshots are stable: 3, 1, 4, 2, 5 ... tokens per cycle.
-        pattern = [3, 1, 4, 2, 5, 1, 3]
+        speculative = self.fallback is None
+        pattern = self.pattern if speculative else [1]
         while pos < len(words):
             if self.delay:
                 time.sleep(self.delay)
             n = pattern[cycles % len(pattern)] if generated else 1
             chunk = words[pos : pos + n]
             pos += len(chunk)
-            n_draft = len(chunk) - 1 if generated else 0
+            n_draft = len(chunk) - 1 if generated and speculative else 0
             cycle = None
-            if generated:
+            if generated and speculative:
                 cycle = CycleStats(cycles, self.block_size, n_draft, 0.001, 0.002, 0.0)
                 cycles += 1
                 committed.append(len(chunk))
@@ -143,9 +186,10 @@ class FakeBackend:
                 ttft_s=0.05,
                 prefill_tokens_per_second=prompt_tokens / 0.05,
                 ctx_used=prompt_tokens + generated,
-                max_ctx=16384,
+                max_ctx=self.max_ctx,
                 peak_memory_bytes=300_000_000 + generated * 1000,
-                speculative=True,
+                speculative=speculative,
+                cached_tokens=cached,
             )
             yield Span(
                 tokens=tuple(range(len(chunk))),
@@ -161,8 +205,8 @@ class FakeBackend:
                 tokens=list(range(generated)),
                 prompt_tokens=prompt_tokens,
                 finish_reason="length" if len(words) >= max_tokens else "stop",
-                speculative=True,
-                fallback_reason=None,
+                speculative=speculative,
+                fallback_reason=self.fallback,
                 block_size=self.block_size,
                 elapsed_s=0.05 + generated * 0.01,
                 prefill_s=0.05,
@@ -170,5 +214,7 @@ class FakeBackend:
                 decode_s=generated * 0.01,
                 peak_memory_bytes=300_000_000 + generated * 1000,
                 cycle_tokens=committed,
+                cached_tokens=cached,
             )
         )
+        self.held = [*messages, {"role": "assistant", "content": "".join(words)}]

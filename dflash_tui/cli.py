@@ -13,6 +13,7 @@ from dflash_tui import __version__, config
 EPILOG = """\
 keys (F1 in the app lists all, with binding ids):
   Enter send · Shift+Enter / Ctrl+J newline · Esc stop reply (keeps the partial text)
+  Ctrl+R regenerate last reply · Ctrl+G edit and resend your last message
   Ctrl+Y copy last reply · c copy focused message · Ctrl+T colour draft-accepted tokens
   Ctrl+B sidebar · Ctrl+O compact speed line · F2 model pairs · Ctrl+L conversations
   Ctrl+N new chat · F5 conversation settings · Ctrl+E export Markdown · Ctrl+P command palette
@@ -23,6 +24,7 @@ files:
   exports   {data}/exports/
   log       {data}/dflash-chat.log
   config    {config}   (override dir: ${config_env})
+            rebind keys by binding id in its [keymap] table, e.g. "chat.stop" = "ctrl+s"
 
 examples:
   dflash-chat                                   offline default pair (SmolLM2-135M + bundled draft)
@@ -74,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size",
         type=int,
         metavar="N",
-        help="default draft block size (2..16; 0 = the draft's own)",
+        help=f"default draft block size ({config.MIN_BLOCK_SIZE}..{config.MAX_BLOCK_SIZE}; "
+        "0 = the draft's own)",
     )
     parser.add_argument(
         "--data-dir",
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         import engine  # noqa: F401
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.backends import FakeBackend, RealBackend
-    from dflash_tui.store import SchemaTooNew
+    from dflash_tui.store import HistoryUnavailable, SchemaTooNew, unwritable
 
     data_dir = args.data_dir or config.data_dir()
     try:
@@ -108,15 +111,19 @@ def main(argv: list[str] | None = None) -> int:
             config.validate_max_tokens(str(args.max_tokens))
         if args.block_size is not None:
             config.validate_block_size(str(args.block_size))
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"dflash-chat: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        filename=data_dir / "dflash-chat.log",
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(
+            filename=data_dir / "dflash-chat.log",
+            level=logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+    except OSError as exc:
+        print(f"dflash-chat: {unwritable(data_dir, exc)}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app = DFlashChatApp(
@@ -126,15 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=data_dir,
             conversation_id=args.conversation,
         )
-    except (SchemaTooNew, OSError) as exc:
+    except (SchemaTooNew, HistoryUnavailable) as exc:
         print(f"dflash-chat: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # e.g. a corrupt database file: say where it is, keep it
-        print(
-            f"dflash-chat: cannot open history in {data_dir}: {exc}. Move the file aside "
-            "to start fresh (nothing is deleted).",
-            file=sys.stderr,
-        )
         return 2
     if args.max_tokens is not None:
         app.settings.max_tokens = args.max_tokens

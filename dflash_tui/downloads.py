@@ -1,4 +1,7 @@
-"""Registry look-ups and downloads. Runs in worker threads: huggingface-hub is slow to import."""
+"""Registry look-ups and downloads. Runs in worker threads: huggingface-hub is slow to import.
+
+Nothing here may load MLX: the TUI process stays MLX-free until the engine worker loads a pair.
+"""
 
 from __future__ import annotations
 
@@ -40,14 +43,7 @@ def download_pair(target: str, draft: str | None, progress: Progress) -> None:
 
     if registry.hub_offline():
         raise ConnectionError(OFFLINE_HELP.format(what=target))
-    try:  # prefer the engine's own downloader once it exists
-        from engine.loading import download_pair as engine_download  # type: ignore[attr-defined]
-    except ImportError:
-        engine_download = None
-    if engine_download is not None:
-        pair = next(p for p in registry.list_pairs() if p.target == target)
-        engine_download(pair, progress)
-        return
+    # huggingface-hub directly: engine.loading has no downloader and importing it loads MLX.
     from huggingface_hub import snapshot_download
     from tqdm.auto import tqdm
 
@@ -64,7 +60,8 @@ def download_pair(target: str, draft: str | None, progress: Progress) -> None:
 
         progress(f"downloading {repo}", None)
         try:
-            snapshot_download(repo, tqdm_class=Reporter)
+            # Only what the loader reads: some repos also carry multi-GB .pth/.bin copies.
+            snapshot_download(repo, allow_patterns=registry.HUB_PATTERNS, tqdm_class=Reporter)
         except Exception as exc:  # hub errors have long reprs; name the repo and the fix
             name = type(exc).__name__
             if "Connect" in name or "Offline" in name or "Timeout" in name:

@@ -1,4 +1,9 @@
-"""Messages the engine worker posts to the app. Plain dataclasses; posting is thread-safe."""
+"""Messages posted to the app. Plain dataclasses; posting is thread-safe.
+
+The engine worker posts the Engine*/Span*/Reply* messages; screens post the rest instead of
+writing app state, and the app (the one owner of the current conversation and the settings)
+applies them.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +53,37 @@ class ReplyFinished(Message):
     summary: dict[str, Any]
 
 
+# -- screens -> app -----------------------------------------------------------------------
+
+
 @dataclass
-class DownloadFinished(Message):
-    target: str
+class OpenConversation(Message):
+    """Show a stored conversation; None starts an empty new chat."""
+
+    conversation_id: int | None
+
+
+@dataclass
+class RenameConversation(Message):
+    conversation_id: int
+    title: str
+
+
+@dataclass
+class DeleteConversation(Message):
+    conversation_id: int
+
+
+@dataclass
+class ToggleView(Message):
+    """Flip one of the view settings: "draft_colours", "show_sidebar" or "compact"."""
+
+    setting: str
+
+
+@dataclass
+class LoadPair(Message):
+    """Load this target/draft pair (None: the offline default / the registry's draft)."""
+
+    model: str | None
     draft: str | None

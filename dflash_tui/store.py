@@ -85,22 +85,88 @@ class SchemaTooNew(RuntimeError):
     pass
 
 
+class HistoryUnavailable(RuntimeError):
+    """The history folder or file cannot be written: the message names it and the fix."""
+
+
+def unwritable(folder: Path, exc: BaseException) -> HistoryUnavailable:
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return HistoryUnavailable(
+        f"cannot write the chat history in {folder} ({reason}). Fix: make that folder "
+        "writable, or choose another with --data-dir or $DFLASH_CHAT_DATA_DIR."
+    )
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged database (and its WAL/SHM files) beside itself; never delete it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        if extra.exists():
+            extra.replace(aside.with_name(aside.name + suffix))
+    path.replace(aside)
+    return aside
+
+
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.moved_aside: Path | None = None  # where a damaged database went, if one did
         # check_same_thread=False: only the UI thread writes, but tests open/close across loops.
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.migrate()
-        self._recover_interrupted()
+        try:
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            # Reads every page once: damage found here is moved aside (open_default) instead
+            # of failing in the middle of a chat.
+            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check}")
+            self.migrate()
+            self._recover_interrupted()
+        except BaseException:
+            self.db.close()
+            raise
 
     @classmethod
     def open_default(cls, data_dir: Path) -> Store:
-        return cls(data_dir / DB_NAME)
+        """The history in `data_dir`. A damaged file is moved aside (kept) and a fresh one
+        started (`moved_aside` says where the old one went); an unwritable folder raises
+        HistoryUnavailable with the fix."""
+        path = data_dir / DB_NAME
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise unwritable(data_dir, exc) from exc
+        try:
+            return cls(path)
+        except SchemaTooNew:
+            raise
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise HistoryUnavailable(
+                    f"the chat history {path} is locked (another dflash-chat using it?). Fix: "
+                    "close the other one, or choose another folder with --data-dir."
+                ) from exc
+            if "malformed" not in str(exc) and "not a database" not in str(exc):
+                raise unwritable(data_dir, exc) from exc
+            damaged = exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", a failed check
+            damaged = exc
+        try:
+            aside = move_aside(path)
+        except OSError as exc:
+            raise unwritable(data_dir, exc) from damaged
+        store = cls(path)
+        store.moved_aside = aside
+        return store
 
     @property
     def version(self) -> int:
@@ -216,6 +282,18 @@ class Store:
             " stats = COALESCE(?, stats) WHERE id = ?",
             (content, status, json.dumps(stats) if stats is not None else None, message_id),
         )
+
+    def message_counts(self) -> dict[int, int]:
+        """{conversation id: number of messages}, in one query."""
+        rows = self.db.execute(
+            "SELECT conversation_id, COUNT(*) FROM messages GROUP BY conversation_id"
+        )
+        return {cid: n for cid, n in rows}
+
+    def delete_messages(self, message_ids: list[int]) -> None:
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in message_ids])
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute(

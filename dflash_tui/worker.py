@@ -19,6 +19,7 @@ from textual.message import Message
 
 from dflash_tui.backends import Backend, user_message
 from dflash_tui.messages import EngineFailed, EngineProgress, EngineReady, ReplyFinished, SpanBatch
+from engine.events import Finished, Span  # plain dataclasses: loads no MLX
 
 log = logging.getLogger("dflash_tui.worker")
 
@@ -141,7 +142,7 @@ class EngineWorker:
             for event in gen:
                 if job.cancel.is_set():
                     break
-                if not hasattr(event, "result"):  # a Span
+                if isinstance(event, Span):
                     text.append(event.text)
                     if event.draft_text:
                         segments.append((event.draft_text, True))
@@ -152,7 +153,7 @@ class EngineWorker:
                     stats = event.stats
                     if time.monotonic() - last_post >= self.batch_interval:
                         flush()
-                else:
+                elif isinstance(event, Finished):
                     result = event.result
                     finish = result.finish_reason
                     summary = _summary(result)

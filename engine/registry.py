@@ -7,6 +7,10 @@ from pathlib import Path
 
 BUNDLED_DRAFTS = Path(__file__).parent / "drafts"
 DEFAULT_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The files a checkpoint needs from a hub repo: weights, configs, tokenizer, chat template.
+# Here (no MLX) so that a UI can download exactly what the loader reads.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
+                "*.jinja"]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
-from dflash_tui.messages import EngineFailed, EngineProgress, EngineReady, ReplyFinished, SpanBatch
+from dflash_tui.messages import (
+    EngineFailed,
+    EngineProgress,
+    EngineReady,
+    ReplyFinished,
+    SpanBatch,
+    ToggleView,
+)
 from dflash_tui.widgets.prompt import PromptInput
 from dflash_tui.widgets.sidebar import SpeedLine, StatsSidebar
 from dflash_tui.widgets.transcript import MessageView, Transcript
@@ -36,7 +43,18 @@ class ChatScreen(Screen):
             "ctrl+t", "toggle_colours", "Draft colours", id="chat.toggle_colours", priority=True
         ),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", id="chat.toggle_sidebar", priority=True),
-        Binding("ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True),
+        Binding(  # out of the footer: F1 and F2 must fit in 80 columns
+            "ctrl+o", "toggle_compact", "Compact", id="chat.toggle_compact", priority=True,
+            show=False,
+        ),
+        Binding(
+            "ctrl+r", "regenerate", "Regenerate reply", id="chat.regenerate", priority=True,
+            show=False,
+        ),
+        Binding(
+            "ctrl+g", "edit_last", "Edit last message", id="chat.edit_last", priority=True,
+            show=False,
+        ),
     ]
 
     DEFAULT_CSS = """
@@ -57,6 +75,7 @@ class ChatScreen(Screen):
         self.reply_db_id: int | None = None
         self._last_flush = 0.0
         self._auto_compact = False
+        self.editing: list[int] = []  # message ids the prompt's text will replace when sent
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -64,7 +83,7 @@ class ChatScreen(Screen):
             with Vertical(id="main"):
                 yield Transcript(id="transcript")
                 with Vertical(id="loading"):
-                    yield Label("", id="loading-text")
+                    yield Label("", id="loading-text", markup=False)
                     yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
                 yield SpeedLine(id="speed")
                 yield PromptInput(id="prompt")
@@ -72,13 +91,19 @@ class ChatScreen(Screen):
         yield Footer()
 
     async def on_mount(self) -> None:
-        s = self.app.settings
-        self.set_class(not s.show_sidebar, "no-sidebar")
-        self.set_class(s.compact, "compact")
-        self.query_one(StatsSidebar).set_legend(s.draft_colours)
+        self.apply_view()
         self.query_one(SpeedLine).show_stats(None)
         self.query_one(PromptInput).focus()
-        await self.show_conversation(self.app.start_conversation)
+        await self.app.open_conversation(self.app.start_conversation)
+
+    def apply_view(self) -> None:
+        """Show the app's view settings (sidebar, compact, draft colours)."""
+        s = self.app.settings
+        self.set_class(not s.show_sidebar, "no-sidebar")
+        self.set_class(s.compact or self._auto_compact, "compact")
+        for view in self.query(MessageView):
+            view.set_colours(s.draft_colours)
+        self.query_one(StatsSidebar).set_legend(s.draft_colours)
 
     def on_resize(self) -> None:
         narrow = self.size.width < COMPACT_WIDTH
@@ -89,17 +114,15 @@ class ChatScreen(Screen):
     # conversation loading -------------------------------------------------------------------
 
     async def show_conversation(self, conversation_id: int | None) -> None:
-        """Replace the transcript with a stored conversation (None: an empty new chat)."""
-        await self._abandon_reply()
+        """Replace the transcript with a stored conversation (None: an empty new chat).
+        The app decides which conversation is open; this only draws it."""
+        await self.stop_reply()
         transcript = self.query_one(Transcript)
         await transcript.remove_children()
         store = self.app.store
-        conv = store.get_conversation(conversation_id) if conversation_id else None
-        self.app.conversation_id = conv.id if conv else None
-        self.app.sub_title = conv.title if conv else "New chat"
         views = []
-        if conv is not None:
-            for m in store.messages(conv.id):
+        if conversation_id is not None:
+            for m in store.messages(conversation_id):
                 view = MessageView(m.role, m.content, m.status)
                 view.message_id = m.id
                 if m.stats:
@@ -130,32 +153,30 @@ class ChatScreen(Screen):
             self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
             return
         event.prompt.clear()
+        if self.editing:
+            # Replaced only now, when the edited text is sent: a cancelled edit loses nothing.
+            await self._drop_messages(self.editing)
+            self.editing = []
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
         app = self.app
-        store = app.store
-        if app.conversation_id is None:
-            conv = store.create_conversation(
-                _title_from(text),
-                system_prompt=app.settings.system_prompt,
-                max_tokens=app.settings.max_tokens,
-                block_size=app.settings.block_size,
-            )
-            app.conversation_id = conv.id
-            app.sub_title = conv.title
-        cid = app.conversation_id
-        conv = store.get_conversation(cid)
-        assert conv is not None
+        cid = app.begin_conversation(text)
         # The user turn is committed before the engine sees it: a crash cannot lose it.
-        user_row = store.add_message(cid, "user", text)
+        user_row = app.add_turn("user", text)
         transcript = self.query_one(Transcript)
         user_view = MessageView("user", text)
         user_view.message_id = user_row.id
         await transcript.add(user_view)
+        await self._reply(cid)
 
-        prompt = self._prompt_for(cid, conv.system_prompt)
-        reply_row = store.add_message(cid, "assistant", "", status="streaming")
+    async def _reply(self, cid: int) -> None:
+        """Stream a new assistant turn for the conversation as stored."""
+        app = self.app
+        chat = app.effective()
+        transcript = self.query_one(Transcript)
+        prompt = self._prompt_for(cid, chat.system_prompt)
+        reply_row = app.add_turn("assistant", "", status="streaming")
         view = MessageView("assistant", "", "streaming")
         view.message_id = reply_row.id
         await transcript.add(view)
@@ -166,10 +187,8 @@ class ChatScreen(Screen):
         self.reply_view, self.reply_db_id = view, reply_row.id
         self._last_flush = time.monotonic()
         self.query_one(StatsSidebar).reset()
-        max_tokens = conv.max_tokens or app.settings.max_tokens
-        block_size = conv.block_size if conv.block_size is not None else app.settings.block_size
         self.active = app.worker.submit_generate(
-            GenerateJob(self.request_id, prompt, max_tokens, block_size)
+            GenerateJob(self.request_id, prompt, chat.max_tokens, chat.block_size)
         )
         self.refresh_bindings()  # Esc (stop) appears in the footer only while streaming
 
@@ -189,11 +208,19 @@ class ChatScreen(Screen):
             return  # a batch that raced with Esc: the reply is already final
         assert self.reply_view is not None
         await self.reply_view.append(batch.text, batch.segments)
-        self.query_one(StatsSidebar).update_stats(batch.stats, batch.cycle_tokens)
+        sidebar = self.query_one(StatsSidebar)
+        was_collapsed = sidebar.collapsed is not None
+        sidebar.update_stats(batch.stats, batch.cycle_tokens)
+        if sidebar.collapsed is not None and not was_collapsed:
+            # Also when the sidebar is hidden: a silent collapse is what users complain about.
+            self.notify(
+                str(sidebar.query_one("#hint").render()), severity="warning", timeout=8,
+                markup=False,
+            )
         self.query_one(SpeedLine).show_stats(batch.stats)
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
-            self.app.store.update_message(self.reply_db_id, self.reply_view.content)
+            self.app.save_turn(self.reply_db_id, self.reply_view.content)
             self._last_flush = now
 
     async def on_reply_finished(self, event: ReplyFinished) -> None:
@@ -203,6 +230,11 @@ class ChatScreen(Screen):
         if event.finish_reason == "cancelled":
             status = "stopped"
         footer = _footer(event.summary) if event.summary else ""
+        if event.summary:
+            speculative = event.summary.get("speculative", True)
+            self.query_one(StatsSidebar).set_fallback(
+                None if speculative else event.summary.get("fallback_reason") or "target alone"
+            )
         await self._finish_reply(status, footer, event.summary)
 
     async def on_engine_failed(self, event: EngineFailed) -> None:
@@ -228,14 +260,18 @@ class ChatScreen(Screen):
     def on_engine_ready(self, event: EngineReady) -> None:
         self._hide_loading()
         self.query_one(StatsSidebar).set_info(event.info)
-        self.notify(f"Loaded {event.info.get('target')} + {event.info.get('draft')}", timeout=3)
+        self.notify(
+            f"Loaded {event.info.get('target')} + {event.info.get('draft')}", timeout=3,
+            markup=False,
+        )
 
     def _hide_loading(self) -> None:
         self.query_one("#loading").remove_class("visible")
 
     def _show_error(self, error: str) -> None:
-        self.notify(error, title="Problem", severity="error", timeout=10)
-        notice = Static(error, classes="notice")
+        # Engine and pip messages are text: their square brackets are not markup.
+        self.notify(error, title="Problem", severity="error", timeout=10, markup=False)
+        notice = Static(error, classes="notice", markup=False)
         transcript = self.query_one(Transcript)
         self.call_later(transcript.add, notice)
 
@@ -247,9 +283,10 @@ class ChatScreen(Screen):
             return
         await view.finish(status, footer if status != "error" else f"✗ {footer}")
         if db_id is not None:
-            self.app.store.update_message(db_id, view.content, status=status, stats=summary)
+            self.app.save_turn(db_id, view.content, status=status, stats=summary)
 
-    async def _abandon_reply(self) -> None:
+    async def stop_reply(self) -> None:
+        """Stop a streaming reply (if any), keeping its text: before another chat opens."""
         if self.active is not None:
             self.app.worker.cancel(self.active.request_id)
             await self._finish_reply("stopped", "stopped", {})
@@ -258,13 +295,60 @@ class ChatScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            # Only claim Esc while a reply streams, so modals and the input keep their own Esc.
-            return self.active is not None
+            # Only claim Esc while a reply streams (or an edit is open), so modals and the
+            # input keep their own Esc.
+            return self.active is not None or bool(self.editing)
         return True
+
+    async def _drop_messages(self, ids: list[int]) -> None:
+        self.app.drop_turns(ids)
+        for view in self.query_one(Transcript).messages():
+            if view.message_id in ids:
+                await view.remove()
+
+    async def action_regenerate(self) -> None:
+        """Replace the last reply with a new one (the conversation before it is unchanged)."""
+        cid = self.app.conversation_id
+        if self.active is not None or cid is None:
+            self.notify("Nothing to regenerate yet." if cid is None else
+                        "A reply is still streaming: press Esc to stop it first.", timeout=3)
+            return
+        messages = self.app.store.messages(cid)
+        if not messages or messages[-1].role != "assistant":
+            self.notify("The last message is not a reply: send a message instead.", timeout=3)
+            return
+        await self._drop_messages([messages[-1].id])
+        await self._reply(cid)
+
+    def action_edit_last(self) -> None:
+        """Put the last message you sent back in the prompt; Enter resends it in place of the
+        old one and its reply, Esc keeps things as they were."""
+        cid = self.app.conversation_id
+        if self.active is not None:
+            self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
+            return
+        messages = self.app.store.messages(cid) if cid is not None else []
+        users = [m for m in messages if m.role == "user"]
+        if not users:
+            self.notify("No message of yours to edit yet.", timeout=3)
+            return
+        last = users[-1]
+        self.editing = [m.id for m in messages if m.id >= last.id]
+        prompt = self.query_one(PromptInput)
+        prompt.clear()
+        prompt.insert(last.content)
+        prompt.focus()
+        self.refresh_bindings()
+        self.notify("Editing your last message: Enter resends it (replacing it and its reply), "
+                    "Esc cancels.", timeout=5)
 
     async def action_stop(self) -> None:
         """Stop at once: the UI finalises now; late batches from the engine are ignored."""
         if self.active is None:
+            if self.editing:  # Esc cancels an edit and leaves the conversation as it was
+                self.editing = []
+                self.query_one(PromptInput).clear()
+                self.refresh_bindings()
             return
         self.app.worker.cancel(self.active.request_id)
         await self._finish_reply("stopped", "stopped by you (Esc)", {})
@@ -277,29 +361,13 @@ class ChatScreen(Screen):
         replies[-1].action_copy()
 
     def action_toggle_colours(self) -> None:
-        s = self.app.settings
-        s.draft_colours = not s.draft_colours
-        for view in self.query(MessageView):
-            view.set_colours(s.draft_colours)
-        self.query_one(StatsSidebar).set_legend(s.draft_colours)
-        self.app.save_settings()
+        self.post_message(ToggleView("draft_colours"))
 
     def action_toggle_sidebar(self) -> None:
-        s = self.app.settings
-        s.show_sidebar = not s.show_sidebar
-        self.set_class(not s.show_sidebar, "no-sidebar")
-        self.app.save_settings()
+        self.post_message(ToggleView("show_sidebar"))
 
     def action_toggle_compact(self) -> None:
-        s = self.app.settings
-        s.compact = not s.compact
-        self.set_class(s.compact or self._auto_compact, "compact")
-        self.app.save_settings()
-
-
-def _title_from(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else "New chat"
-    return line[:48] + ("…" if len(line) > 48 else "")
+        self.post_message(ToggleView("compact"))
 
 
 def _footer(summary: dict[str, Any]) -> str:

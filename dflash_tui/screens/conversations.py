@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,20 +13,21 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label
 
+from dflash_tui.messages import DeleteConversation, OpenConversation, RenameConversation
 from dflash_tui.screens.modals import Confirm, TextPrompt
+from dflash_tui.widgets.ids import middle_ellipsis
 
 if TYPE_CHECKING:
     from dflash_tui.app import DFlashChatApp
 
-NEW = -1  # dismiss value meaning "start a new conversation"
+class ConversationsScreen(ModalScreen[None]):
+    """Posts OpenConversation (None: a new chat) to the app and closes."""
 
-
-class ConversationsScreen(ModalScreen[int | None]):
     app: DFlashChatApp
 
     DEFAULT_CSS = """
     ConversationsScreen { align: center middle; }
-    ConversationsScreen > Vertical { width: 90%; height: 80%; border: thick $accent;
+    ConversationsScreen > Vertical { width: 1fr; height: 80%; margin: 0 2; border: thick $accent;
         background: $surface; padding: 0 1; }
     ConversationsScreen .title { text-style: bold; padding: 1 0 0 0; }
     ConversationsScreen DataTable { height: 1fr; }
@@ -46,19 +48,38 @@ class ConversationsScreen(ModalScreen[int | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("Title", "Messages", "Updated")
         self.reload()
-        table.focus()
+        self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        self.reload()
+
+    def _widths(self) -> dict[str, int]:
+        # The screen minus the dialog's margin, border, padding and the table's scrollbar and
+        # cell padding; the title takes what the fixed columns leave, so nothing scrolls.
+        room = self.app.size.width - 4 - 2 - 2 - 2 - 2 * 4
+        fixed = {"Messages": 8, "Model": min(22, max(8, room // 4)), "Updated": 16}
+        return {"Title": max(12, room - sum(fixed.values())), **fixed}
 
     def reload(self) -> None:
         table = self.query_one(DataTable)
-        table.clear()
+        cursor = table.cursor_row
+        widths = self._widths()
+        table.clear(columns=True)
+        for name, width in widths.items():
+            table.add_column(name, width=width, key=name)
         store = self.app.store
+        counts = store.message_counts()
         for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
-            count = len(store.messages(conv.id))
+            count = counts.get(conv.id, 0)
             when = dt.datetime.fromtimestamp(conv.updated_at).strftime("%Y-%m-%d %H:%M")
-            table.add_row(conv.title, str(count), when, key=str(conv.id))
+            model = (conv.model or "—").rsplit("/", 1)[-1]  # the pair it last talked to
+            # Text, not str: DataTable reads a str as markup, and titles are user text.
+            title = Text(conv.title, no_wrap=True, overflow="ellipsis")
+            table.add_row(title, str(count), Text(middle_ellipsis(model, widths["Model"])), when,
+                          key=str(conv.id))
+        if table.row_count:
+            table.move_cursor(row=min(cursor, table.row_count - 1))
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)
@@ -77,13 +98,17 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     @on(DataTable.RowSelected)
     def open_row(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(int(event.row_key.value))  # type: ignore[arg-type]
+        self._open(int(event.row_key.value))  # type: ignore[arg-type]
+
+    def _open(self, conversation_id: int | None) -> None:
+        self.app.post_message(OpenConversation(conversation_id))
+        self.dismiss()
 
     def action_search(self) -> None:
         self.query_one("#search", Input).focus()
 
     def action_new(self) -> None:
-        self.dismiss(NEW)
+        self._open(None)
 
     def action_rename(self) -> None:
         cid = self._selected()
@@ -93,10 +118,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
         def done(title: str | None) -> None:
             if title is not None:
-                self.app.store.rename_conversation(cid, title)
-                if cid == self.app.conversation_id:
-                    self.app.sub_title = title
-                self.reload()
+                self.post_message(RenameConversation(cid, title))  # the app reloads this list
 
         self.app.push_screen(TextPrompt("Rename conversation", conv.title if conv else ""), done)
 
@@ -108,10 +130,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.app.store.delete_conversation(cid)
-                self.reload()
-                if cid == self.app.conversation_id:
-                    self.app.call_later(self.app.open_conversation, None)
+                self.post_message(DeleteConversation(cid))  # the app reloads this list
 
         title = conv.title if conv else str(cid)
         self.app.push_screen(Confirm(f"Delete “{title}”? This cannot be undone."), done)

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Label, Static
 
 
-def binding_rows() -> list[tuple[str, str, str, str]]:
+def binding_rows(keymap: dict[str, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(id, keys, action, where) for every binding; `keymap` overrides keys by id."""
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.screens.chat import ChatScreen
     from dflash_tui.screens.conversations import ConversationsScreen
     from dflash_tui.screens.modals import SettingsScreen
     from dflash_tui.screens.picker import PickerScreen
+    from dflash_tui.widgets.prompt import PromptInput
     from dflash_tui.widgets.transcript import MessageView
 
-    rows = [("app.command_palette", "ctrl+p", "Command palette", "everywhere")]
-    rows.append(("prompt.send", "enter", "Send message", "prompt"))
-    rows.append(("prompt.newline", "shift+enter / ctrl+j", "Insert newline", "prompt"))
+    keymap = keymap or {}
+    rows = []
     for where, cls in (
         ("everywhere", DFlashChatApp),
         ("chat", ChatScreen),
+        ("prompt", PromptInput),
         ("focused message", MessageView),
         ("conversations", ConversationsScreen),
         ("model picker", PickerScreen),
@@ -30,16 +33,17 @@ def binding_rows() -> list[tuple[str, str, str, str]]:
     ):
         for b in cls.BINDINGS:
             if isinstance(b, Binding) and b.id:
-                rows.append((b.id, b.key, b.description, where))
+                rows.append((b.id, keymap.get(b.id, b.key), b.description, where))
     return rows
 
 
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 90; height: 85%; border: thick $accent; background: $surface;
-        padding: 0 1; }
-    HelpScreen .title { text-style: bold; padding: 1 0; }
+    HelpScreen > Vertical { width: 100%; max-width: 92; height: 85%; border: thick $accent;
+        background: $surface; padding: 0 1; }
+    HelpScreen .title { text-style: bold; padding: 1 0 0 0; }
+    HelpScreen .hint { color: $text-muted; padding: 0 0 1 0; }
     HelpScreen DataTable { height: 1fr; }
     """
     BINDINGS = [
@@ -49,14 +53,22 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(
-                "dflash-chat keys  (Esc closes; rebind by id in the config keymap)", classes="title"
+            yield Label("dflash-chat keys  (Esc closes)", classes="title")
+            yield Static(
+                Text.assemble(
+                    "Rebind a key by its id: ",
+                    ('"chat.stop" = "ctrl+s"', "bold"),
+                    " under [keymap] in ",
+                    (str(self.app.config_file), "bold"),
+                ),
+                classes="hint",
             )
             yield DataTable(cursor_type="row", id="keys")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("Binding id", "Key", "Action", "Where")
-        for row in binding_rows():
-            table.add_row(*row)
+        # Key and id first: on a narrow terminal "Where" is what scrolls out of view.
+        table.add_columns("Key", "Action", "Binding id", "Where")
+        for binding_id, key, action, where in binding_rows(self.app.settings.keymap):
+            table.add_row(key, action, binding_id, where)
         table.focus()

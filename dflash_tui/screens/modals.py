@@ -9,12 +9,17 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
-from dflash_tui.config import validate_block_size, validate_max_tokens
+from dflash_tui.config import (
+    MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+    validate_block_size,
+    validate_max_tokens,
+)
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
-{name} > Vertical {{ width: 70; height: auto; max-height: 90%; border: thick $accent;
-    background: $surface; padding: 1 2; }}
+{name} > Vertical {{ width: 70; max-width: 100%; height: auto; max-height: 100%;
+    border: thick $accent; background: $surface; padding: 1 2; overflow-y: auto; }}
 {name} .title {{ text-style: bold; margin-bottom: 1; }}
 {name} .error {{ color: $error; height: auto; }}
 {name} Horizontal {{ height: auto; margin-top: 1; }}
@@ -32,7 +37,7 @@ class TextPrompt(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, classes="title")
+            yield Label(self.title_text, classes="title", markup=False)
             yield Input(self.value, id="value")
 
     @on(Input.Submitted)
@@ -53,7 +58,7 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question, classes="title")
+            yield Label(self.question, classes="title", markup=False)
             with Horizontal():
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (Esc)", id="no")
@@ -69,7 +74,7 @@ class SettingsScreen(ModalScreen[dict | None]):
     DEFAULT_CSS = (
         MODAL_CSS.format(name="SettingsScreen")
         + """
-    SettingsScreen TextArea { height: 6; }
+    SettingsScreen TextArea { height: 5; }
     """
     )
     BINDINGS = [
@@ -89,9 +94,11 @@ class SettingsScreen(ModalScreen[dict | None]):
             yield TextArea(system_prompt, id="system")
             yield Label("Max tokens per reply")
             yield Input(str(max_tokens), id="max-tokens")
-            yield Label("Draft block size (2-16, 0 = the draft's own)")
+            yield Label(
+                f"Draft block size ({MIN_BLOCK_SIZE}-{MAX_BLOCK_SIZE}, 0 = the draft's own)"
+            )
             yield Input(str(block_size), id="block-size")
-            yield Label("", classes="error", id="error")
+            yield Label("", classes="error", id="error", markup=False)
             with Horizontal():
                 yield Button("Save (Ctrl+S)", variant="primary", id="save")
                 yield Button("Cancel (Esc)", id="cancel")

@@ -2,33 +2,66 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar
+from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, Static
 
 from dflash_tui.downloads import OFFLINE_HELP, PairRow, download_pair, registry_rows
+from dflash_tui.messages import LoadPair
+from dflash_tui.widgets.ids import fit_id
 
 STATUS_STYLE = {
-    "bundled": "[b green]bundled offline[/]",
+    "bundled": "[b green]bundled[/]",
     "cached": "[green]cached[/]",
-    "downloadable": "[yellow]downloadable[/]",
-    "unavailable offline": "[red]unavailable offline[/]",
+    "downloadable": "[yellow]download[/]",
+    "unavailable offline": "[red]no network[/]",
 }
+STATE_WIDTH = 10  # "no network"
+FAMILY_WIDTH = 11  # "gated_delta"
+NOTE_WIDTH = (12, 24)  # the note wraps inside this
+WIDE = 100  # from this many columns the Family column fits too
+MIN_ID = 12
 
 
-class PickerScreen(ModalScreen[tuple[str, str] | None]):
-    """Dismisses with (target, draft) to load; draft "" means the registry's draft."""
+def column_widths(total: int, rows: list[PairRow]) -> dict[str, int]:
+    """Cell widths that fill `total` columns (DataTable pads each cell by 1 on both sides).
+    Narrow screens drop Family and Note from the table: the line under it shows the
+    highlighted pair's note and full ids."""
+    wide = total >= WIDE - 8
+    names = ["Target", "Draft", "Family", "State", "Note"] if wide else ["Target", "Draft", "State"]
+    room = total - 2 * len(names) - STATE_WIDTH - (FAMILY_WIDTH if wide else 0)
+    note = 0
+    if wide:
+        longest_note = max((len(r.note) for r in rows), default=0)
+        # The ids come first: the note wraps, and gets what the ids leave over.
+        longest_ids = max((len(r.target) for r in rows), default=0) + max(
+            (len(r.draft or "") for r in rows), default=0
+        )
+        note = max(NOTE_WIDTH[0], min(NOTE_WIDTH[1], longest_note, room - longest_ids))
+        room -= note
+    max_t = max((len(r.target) for r in rows), default=MIN_ID)
+    max_d = max((len(r.draft or "") for r in rows), default=MIN_ID)
+    target = max(MIN_ID, min(max_t, max(room // 2, room - max_d)))
+    widths = {"Target": target, "Draft": max(MIN_ID, room - target), "Family": FAMILY_WIDTH,
+              "State": STATE_WIDTH, "Note": note}
+    return {name: widths[name] for name in names}
+
+
+class PickerScreen(ModalScreen[None]):
+    """Posts LoadPair(target, draft) to the app and closes; draft None: the registry's."""
 
     DEFAULT_CSS = """
     PickerScreen { align: center middle; }
-    PickerScreen > Vertical { width: 95%; height: 90%; border: thick $accent;
+    PickerScreen > Vertical { width: 1fr; height: 1fr; margin: 1 1; border: thick $accent;
         background: $surface; padding: 0 1; }
     PickerScreen .title { text-style: bold; padding: 1 0 0 0; }
     PickerScreen DataTable { height: 1fr; }
     PickerScreen #message { height: auto; color: $warning; }
+    PickerScreen #detail { height: auto; color: $text-muted; }
     PickerScreen #download-bar { display: none; }
     PickerScreen #download-bar.visible { display: block; }
     PickerScreen Horizontal { height: auto; }
@@ -43,23 +76,27 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         super().__init__()
         self.rows: list[PairRow] = []
         self.downloading = False
+        self._widths: dict[str, int] = {}
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Model pairs  (Enter loads · d downloads)", classes="title")
             yield DataTable(cursor_type="row", zebra_stripes=True, id="pairs")
-            yield Label("", id="message")
+            yield Static("", id="detail")  # the highlighted pair's full ids
+            yield Label("", id="message", markup=False)
             yield ProgressBar(total=1.0, id="download-bar")
-            yield Label("Custom pair: target and draft as Hub ids or local folder paths")
+            yield Label("Custom pair: Hub ids or local folders (no draft: the registry's)")
             with Horizontal():
-                yield Input(placeholder="target, e.g. Qwen/Qwen3-4B or ~/models/t", id="target")
-                yield Input(placeholder="draft (empty: registry's draft)", id="draft")
+                yield Input(placeholder="target id or folder", id="target")
+                yield Input(placeholder="draft (optional)", id="draft")
                 yield Button("Load custom", id="custom", variant="primary")
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("Target", "Draft", "Family", "State", "Note")
+        self._widths = column_widths(self._table_width(), [])
+        for name, width in self._widths.items():
+            table.add_column(name, width=width, key=name)
         self.query_one("#message", Label).update("Checking the local cache…")
         self.load_rows()
         table.focus()
@@ -73,20 +110,49 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
             return
         self.app.call_from_thread(self._show_rows, rows)
 
+    def _table_width(self) -> int:
+        # The screen minus the dialog's margin, border and padding and the table's scrollbar.
+        return self.app.size.width - 2 - 2 - 2 - 2
+
+    def on_resize(self) -> None:
+        if self.rows and column_widths(self._table_width(), self.rows) != self._widths:
+            self._show_rows(self.rows)
+
     def _show_rows(self, rows: list[PairRow]) -> None:
         self.rows = rows
         table = self.query_one(DataTable)
-        table.clear()
+        cursor = table.cursor_row
+        self._widths = column_widths(self._table_width(), rows)
+        table.clear(columns=True)
+        for name, width in self._widths.items():
+            table.add_column(name, width=width, key=name)
         for i, r in enumerate(rows):
-            table.add_row(
-                r.target,
-                r.draft or "—",
-                r.family,
-                STATUS_STYLE.get(r.status, r.status),
-                r.note,
-                key=str(i),
-            )
+            cells = {
+                "Target": Text(fit_id(r.target, self._widths["Target"])),
+                "Draft": Text(fit_id(r.draft or "—", self._widths["Draft"])),
+                "Family": r.family,
+                "State": Text.from_markup(STATUS_STYLE.get(r.status, r.status)),
+                "Note": Text(r.note, overflow="fold"),
+            }
+            table.add_row(*(cells[name] for name in self._widths), key=str(i), height=None)
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+        self._show_detail()
         self._message("")
+
+    @on(DataTable.RowHighlighted)
+    def _show_detail(self) -> None:
+        row = self._selected()
+        text = Text()
+        if row is not None:
+            text.append("target ", style="dim")
+            text.append(row.target)
+            text.append("\ndraft  ", style="dim")
+            text.append(row.draft or "—")
+            if row.note:
+                text.append("\nnote   ", style="dim")
+                text.append(row.note)
+        self.query_one("#detail", Static).update(text)
 
     def _message(self, text: str) -> None:
         self.query_one("#message", Label).update(text)
@@ -103,7 +169,7 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         if row is None:
             return
         if row.status in ("bundled", "cached"):
-            self.dismiss((row.target, row.draft or ""))
+            self.choose_pair(row.target, row.draft)
         elif row.status == "downloadable":
             self.action_download()
         else:
@@ -133,7 +199,7 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         except Exception as exc:  # shown in the dialog; the table stays usable
             self.app.call_from_thread(self._download_failed, str(exc))
             return
-        self.app.call_from_thread(self.dismiss, (row.target, row.draft or ""))
+        self.app.call_from_thread(self.choose_pair, row.target, row.draft)
 
     def _progress(self, text: str, fraction: float | None) -> None:
         self._message(text)
@@ -144,7 +210,7 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
         self.downloading = False
         self.query_one("#download-bar").remove_class("visible")
         self._message(error)
-        self.notify(error, title="Download failed", severity="error", timeout=8)
+        self.notify(error, title="Download failed", severity="error", timeout=8, markup=False)
 
     @on(Button.Pressed, "#custom")
     @on(Input.Submitted)
@@ -155,4 +221,8 @@ class PickerScreen(ModalScreen[tuple[str, str] | None]):
             self._message("Type a target model id or folder path first (the draft is optional).")
             self.query_one("#target", Input).focus()
             return
-        self.dismiss((target, draft))
+        self.choose_pair(target, draft or None)
+
+    def choose_pair(self, target: str, draft: str | None) -> None:
+        self.app.post_message(LoadPair(target, draft))
+        self.dismiss()

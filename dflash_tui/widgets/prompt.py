@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual import events
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
 
 class PromptInput(TextArea):
+    # priority: TextArea handles Enter itself (a newline) before ordinary bindings are seen.
+    BINDINGS = [
+        Binding("enter", "submit", "Send", id="prompt.send", priority=True, show=False),
+        Binding(
+            "shift+enter,ctrl+j", "newline", "Newline", id="prompt.newline", priority=True,
+            show=False,
+        ),
+    ]
     DEFAULT_CSS = """
     PromptInput { height: auto; min-height: 3; max-height: 10; }
     """
@@ -23,17 +31,9 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.placeholder = "Message  (Enter sends · Shift+Enter / Ctrl+J newline · Esc stops)"
 
-    async def _on_key(self, event: events.Key) -> None:
-        if event.key == "enter":
-            event.stop()
-            event.prevent_default()
-            text = self.text
-            if text.strip():
-                self.post_message(self.Submitted(self, text))
-            return
-        if event.key in ("shift+enter", "ctrl+j"):
-            event.stop()
-            event.prevent_default()
-            self.insert("\n")
-            return
-        await super()._on_key(event)
+    def action_submit(self) -> None:
+        if self.text.strip():
+            self.post_message(self.Submitted(self, self.text))
+
+    def action_newline(self) -> None:
+        self.insert("\n")

@@ -11,7 +11,12 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Label, Sparkline, Static
 
+from dflash_tui.widgets.ids import middle_ellipsis, split_id
+
 SPARK_CYCLES = 48  # recent cycles shown in the sparkline
+COLLAPSE_CYCLES = 64  # a draft is judged over this many recent cycles...
+COLLAPSE_TOKENS_PER_CYCLE = 1.2  # ...and called collapsed below this (1.0: it adds nothing)
+LABEL = 7  # "target " etc.
 
 
 def human_bytes(n: int) -> str:
@@ -25,6 +30,8 @@ def human_bytes(n: int) -> str:
 def speed_line(stats: Any) -> str:
     if stats is None:
         return "— tok/s · acceptance — · tokens/cycle —"
+    if not stats.speculative:  # the sidebar says why; this line at least says that it is off
+        return f"{stats.tokens_per_second:.1f} tok/s · speculation off (target alone)"
     return (
         f"{stats.tokens_per_second:.1f} tok/s · acceptance {stats.acceptance_rate:.0%}"
         f" · {stats.tokens_per_cycle:.2f} tokens/cycle"
@@ -33,24 +40,31 @@ def speed_line(stats: Any) -> str:
 
 class StatsSidebar(VerticalScroll):
     DEFAULT_CSS = """
-    StatsSidebar { width: 36; border-left: vkey $panel; padding: 0 1; }
+    StatsSidebar { width: 38; border-left: vkey $panel; padding: 0 1; }
     StatsSidebar .title { text-style: bold; color: $accent; margin-top: 1; }
     StatsSidebar #pair { color: $text; }
     StatsSidebar Sparkline { height: 3; margin: 0 0 1 0; }
     StatsSidebar #legend { color: $text-muted; margin-top: 1; }
+    StatsSidebar #speculation { margin-top: 1; }
+    StatsSidebar #hint { color: $warning; margin-top: 1; display: none; }
+    StatsSidebar #hint.visible { display: block; }
     """
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.cycle_history: deque[int] = deque(maxlen=SPARK_CYCLES)
+        self.recent_cycles: deque[int] = deque(maxlen=COLLAPSE_CYCLES)
         self.stats: Any = None
         self.info: dict[str, Any] = {}
+        self.fallback: str | None = None  # why the last reply ran without the draft
 
     def compose(self) -> ComposeResult:
         yield Label("Model pair", classes="title")
         yield Static("not loaded", id="pair")
+        yield Static("", id="speculation")
         yield Label("Speculative decoding", classes="title")
         yield Static(id="numbers")
+        yield Static("", id="hint")
         yield Label("tokens/cycle, recent cycles", id="spark-label")
         yield Sparkline([], id="spark", summary_function=max)
         yield Static(id="legend")
@@ -70,19 +84,80 @@ class StatsSidebar(VerticalScroll):
 
     def set_info(self, info: dict[str, Any] | None, status: str = "") -> None:
         self.info = info or {}
+        self.fallback = None
+        self.recent_cycles.clear()  # a new pair is judged afresh
+        self._show_hint()
+        pair = self.query_one("#pair", Static)
         if not info:
-            self.query_one("#pair", Static).update(status or "not loaded")
+            pair.update(status or "not loaded")
+            pair.tooltip = None
+            self.show_speculation()
             return
+        target, draft = str(info.get("target") or "?"), info.get("draft")
+        width = max(8, self.content_size.width or 35) - LABEL
         text = Text()
-        text.append("target ", style="dim")
-        text.append(f"{info.get('target', '?')}\n")
-        text.append("draft  ", style="dim")
-        text.append(f"{info.get('draft', '?')}\n")
-        text.append("backend ", style="dim")
+        for label, model_id in (("target", target), ("draft", draft)):
+            text.append(f"{label:<{LABEL}}", style="dim")
+            if not model_id:
+                text.append("none\n")
+                continue
+            # The org on its own line, so the name is never broken in the middle of a word.
+            org, name = split_id(str(model_id))
+            if org:
+                text.append(middle_ellipsis(org, width) + "\n" + " " * LABEL, style="dim")
+            text.append(middle_ellipsis(name, width) + "\n")
+        text.append(f"{'device':<{LABEL}}", style="dim")
         text.append(f"{info.get('backend', '?')} / {info.get('dtype', '?')}")
         text.append(f"  block {info.get('block_size', '?')}", style="dim")
-        self.query_one("#pair", Static).update(text)
+        pair.update(text)
+        pair.tooltip = f"target {target}\ndraft  {draft or 'none'}"
+        self.show_speculation()
         self.refresh_numbers()
+
+    def show_speculation(self) -> None:
+        """Say whether the draft is in use, and when it is not, why."""
+        text = Text()
+        reason = None
+        if not self.info:
+            pass
+        elif not self.info.get("draft"):
+            reason = "no draft loaded"
+        elif self.fallback:
+            reason = self.fallback
+        elif self.stats is not None and not self.stats.speculative:
+            reason = "this reply runs on the target alone"
+        if self.info:
+            text.append("speculation ")
+            if reason:
+                text.append("off", style="bold yellow")
+                text.append(f": {reason}")
+            else:
+                text.append("on", style="bold green")
+        self.query_one("#speculation", Static).update(text)
+
+    def set_fallback(self, reason: str | None) -> None:
+        """The finished reply's fallback reason (None: it was speculative)."""
+        self.fallback = reason
+        self.show_speculation()
+
+    @property
+    def collapsed(self) -> float | None:
+        """Tokens/cycle over the last COLLAPSE_CYCLES cycles when below the threshold."""
+        if len(self.recent_cycles) < COLLAPSE_CYCLES:
+            return None
+        mean = sum(self.recent_cycles) / len(self.recent_cycles)
+        return mean if mean < COLLAPSE_TOKENS_PER_CYCLE else None
+
+    def _show_hint(self) -> None:
+        hint = self.query_one("#hint", Static)
+        mean = self.collapsed
+        hint.set_class(mean is not None, "visible")
+        if mean is not None:
+            hint.update(
+                f"⚠ The draft barely helps: {mean:.2f} tokens/cycle over the last "
+                f"{COLLAPSE_CYCLES} cycles (1.00 = no help). It may not match this target: "
+                "try another pair (F2) or a smaller block size (F5)."
+            )
 
     def reset(self) -> None:
         self.stats = None
@@ -95,7 +170,11 @@ class StatsSidebar(VerticalScroll):
             self.stats = stats
         if cycles:
             self.cycle_history.extend(cycles)
+            self.recent_cycles.extend(cycles)
             self.query_one("#spark", Sparkline).data = list(self.cycle_history)
+            self._show_hint()
+        if stats is not None and not stats.speculative:
+            self.show_speculation()
         self.refresh_numbers()
 
     def refresh_numbers(self) -> None:
@@ -108,7 +187,8 @@ class StatsSidebar(VerticalScroll):
             grid.add_row(label, value)
 
         if s is None:
-            for label in ("acceptance", "tokens/cycle", "tok/s", "TTFT", "prefill tok/s", "cycles"):
+            for label in ("acceptance", "tokens/cycle", "tok/s", "prefill (TTFT)", "cached",
+                          "prefill tok/s", "cycles"):
                 row(label, "—")
             row("context", f"0 / {self.info.get('max_ctx', '—')}")
             row("peak memory", "—")
@@ -116,7 +196,11 @@ class StatsSidebar(VerticalScroll):
             row("acceptance", f"{s.acceptance_rate:.1%}")
             row("tokens/cycle", f"{s.tokens_per_cycle:.2f}")
             row("tok/s", f"{s.tokens_per_second:.1f}")
-            row("TTFT", f"{s.ttft_s * 1000:.0f} ms")
+            row("prefill (TTFT)", f"{s.ttft_s * 1000:.0f} ms")
+            # Prompt tokens the engine resumed from its conversation cache instead of
+            # prefilling again.
+            cached = s.cached_tokens
+            row("cached", f"{cached} / {s.prompt_tokens} tokens")
             row("prefill tok/s", f"{s.prefill_tokens_per_second:.0f}")
             row("cycles", f"{s.cycles}")
             row("context", f"{s.ctx_used} / {s.max_ctx}")

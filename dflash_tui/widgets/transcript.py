@@ -56,7 +56,7 @@ class MessageView(Widget, can_focus=True):
         yield Label(self._role_line(), classes="role")
         yield Markdown(self.content)
         yield Static("", classes="coloured")
-        yield Label("", classes="footer")
+        yield Label("", classes="footer", markup=False)
 
     def _role_line(self) -> str:
         note = STATUS_NOTES.get(self.status)

@@ -43,15 +43,23 @@ def make_app(request: pytest.FixtureRequest) -> Callable[..., object]:
         draft: str | None = None,
         max_tokens: int = 24,
         delay: float = 0.02,
+        load_error: Exception | None = None,
+        max_ctx: int | None = None,
         **kw,
     ) -> DFlashChatApp:
+        """`load_error`: what the fake's load raises (the real engine raises its own)."""
         if kind == "fake":
             reply = " ".join(f"word{i}" for i in range(max_tokens))  # one token per word
-            backend = lambda: FakeBackend(delay=delay, reply=reply)  # noqa: E731
+            ctx = {} if max_ctx is None else {"max_ctx": max_ctx}
+
+            def backend() -> FakeBackend:
+                return FakeBackend(delay=delay, reply=reply, load_error=load_error, **ctx)
         else:
             if model is None:
                 model, draft = request.getfixturevalue("tiny_pair")
-            backend = RealBackend
+
+            def backend() -> RealBackend:
+                return RealBackend(max_ctx=max_ctx)
         app = DFlashChatApp(model=model, draft=draft, backend_factory=backend, **kw)
         app.settings.max_tokens = max_tokens
         app.engine_kind = kind  # type: ignore[attr-defined]

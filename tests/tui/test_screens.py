@@ -11,9 +11,8 @@ from dflash_tui.screens.help import HelpScreen, binding_rows
 
 from .conftest import engine_ready, wait_for
 
-pytestmark = pytest.mark.asyncio
 
-
+@pytest.mark.asyncio
 async def test_help_lists_every_binding_id():
     app = DFlashChatApp(backend_factory=FakeBackend)
     async with app.run_test(size=(120, 36)) as pilot:
@@ -35,6 +34,7 @@ async def test_help_lists_every_binding_id():
         assert not isinstance(app.screen, HelpScreen)
 
 
+@pytest.mark.asyncio
 async def test_palette_has_an_entry_for_every_action():
     app = DFlashChatApp(backend_factory=FakeBackend)
     async with app.run_test(size=(120, 36)) as pilot:

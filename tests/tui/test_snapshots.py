@@ -1,6 +1,12 @@
-"""SVG snapshots on the deterministic fake engine; cursor blink off, no clock, fixed dates."""
+"""SVG snapshots on the deterministic fake engine; cursor blink off, no clock, fixed dates.
+
+The chat screen and the model picker at 80x24 (the smallest supported terminal) and 140x40.
+Update after an intended layout change: pytest tests/tui/test_snapshots.py --snapshot-update
+"""
 
 from __future__ import annotations
+
+import pytest
 
 from dflash_tui.app import DFlashChatApp
 from dflash_tui.backends import FakeBackend
@@ -41,8 +47,29 @@ async def settle(pilot, text: str | None = "What is speculative decoding?") -> N
     await pilot.pause()
 
 
-def test_chat_with_sidebar(snap_compare):
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=settle)
+@pytest.fixture
+def registry_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picker's states without this machine's hub cache: only the bundled pair is there."""
+    from engine import registry
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(registry, "_hub_cached", lambda repo_id: False)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 40)], ids=["80x24", "140x40"])
+def test_chat(snap_compare, size):
+    assert snap_compare(make_app(), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 40)], ids=["80x24", "140x40"])
+def test_picker(snap_compare, registry_offline, size):
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: bool(getattr(pilot.app.screen, "rows", None)))
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
 def test_chat_draft_colours(snap_compare):
@@ -52,10 +79,6 @@ def test_chat_draft_colours(snap_compare):
         pilot.app.clear_notifications()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
-
-
-def test_compact_small_terminal(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=settle)
 
 
 def test_conversation_list(snap_compare):
