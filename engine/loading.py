@@ -21,12 +21,17 @@ from .errors import (
     PairingError,
     UnsupportedModel,
 )
-from .registry import DEFAULT_TARGET, ModelPair, find_pair, hub_offline, supported_pairs_text
+from .registry import (
+    DEFAULT_TARGET,
+    HUB_PATTERNS,
+    ModelPair,
+    find_pair,
+    hub_offline,
+    supported_pairs_text,
+)
 from .targets.base import TargetAdapter
 
 Progress = Callable[[str, "float | None"], None]
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt",
-                "*.jinja"]
 
 
 def _say(progress: Progress | None, message: str, fraction: float | None = None) -> None:
