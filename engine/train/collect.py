@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .dataset import Dataset, encode_prompts
-from .generate import answer_prompts, cut_loops
+from .generate import answer_prompts, as_dataset
 from .mix import (
     MAGPIE_STEERS,
     Decontaminator,
@@ -70,32 +70,18 @@ class Collector:
         self.state_dir = state_dir
         self.rng = random.Random(cfg.seed)
         self.eos = set(tokenizer.eos_token_ids)
-        self.deadline = time.perf_counter() + cfg.seconds if cfg.seconds else None
 
     # -- helpers -----------------------------------------------------------------------
     def _answer(self, prompts: list[list[int]], seconds: float | None, max_new: int | None = None,
                 temperature: float = 0.0) -> dict[int, list[int]]:
         cfg = self.cfg
-        loops = temperature == 0.0
-        answers = answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
-                                 cfg.batch, seconds, token_budget=cfg.token_budget,
-                                 temperature=temperature, stop_loops=loops)
-        if loops and answers:
-            keys = sorted(answers)
-            answers = dict(zip(keys, cut_loops([answers[k] for k in keys], cfg.loop_keep)))
-        return answers
+        return answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
+                              cfg.batch, seconds, token_budget=cfg.token_budget,
+                              temperature=temperature,
+                              loop_keep=cfg.loop_keep if temperature == 0.0 else None)
 
     def _encode(self, conversations: list[list[dict]]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, conversations)
-
-    def _dataset(self, prompts: list[list[int]], answers: dict[int, list[int]],
-                 phase: str) -> Dataset:
-        seqs, plens = [], []
-        for i in sorted(answers):
-            if len(answers[i]) >= 2:  # an anchor needs a label after it
-                seqs.append(prompts[i] + answers[i])
-                plens.append(len(prompts[i]))
-        return Dataset(seqs, plens, {"phase": phase})
 
     def _fits(self, ids: list[int]) -> bool:
         return len(ids) <= self.cfg.max_prompt_len
@@ -108,7 +94,7 @@ class Collector:
         prompts = self._encode([first_turn_messages(r, rng) for r in picked])
         keep = [i for i, p in enumerate(prompts) if self._fits(p)]
         prompts = [prompts[i] for i in keep]
-        data = self._dataset(prompts, self._answer(prompts, seconds), "heldout")
+        data = as_dataset(prompts, self._answer(prompts, seconds), {"phase": "heldout"})
         data.meta["ids"] = [picked[i].id for i in keep]
         return data
 
@@ -116,7 +102,7 @@ class Collector:
         picked = sample_by_source(records, self.cfg.num_prompts, self.cfg.seed)
         prompts = self._encode([first_turn_messages(r, self.rng) for r in picked])
         prompts = [p for p in prompts if self._fits(p)]
-        return self._dataset(prompts, self._answer(prompts, seconds), "single")
+        return as_dataset(prompts, self._answer(prompts, seconds), {"phase": "single"})
 
     def multiturn(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
         """Replay each record's user turns one at a time, feeding back the target's own
@@ -174,7 +160,7 @@ class Collector:
         prompts = self._encode([[{"role": "user", "content": t}] for t in texts])
         prompts = [p for p in prompts if self._fits(p)]
         left = None if seconds is None else seconds - (time.perf_counter() - start)
-        data = self._dataset(prompts, self._answer(prompts, left), "magpie")
+        data = as_dataset(prompts, self._answer(prompts, left), {"phase": "magpie"})
         data.meta["user_turns"] = len(texts)
         return data
 
@@ -183,7 +169,7 @@ class Collector:
 
         n = max(1, int(self.cfg.num_prompts * self.cfg.templated_share))
         prompts = self._encode([m for _, m in build_prompts(n, self.cfg.seed)])
-        return self._dataset(prompts, self._answer(prompts, seconds), "templated")
+        return as_dataset(prompts, self._answer(prompts, seconds), {"phase": "templated"})
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> tuple[Dataset, Dataset]:

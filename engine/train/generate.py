@@ -133,10 +133,12 @@ def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: i
 def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,
                    batch: int, seconds: float | None = None,
                    on_done: Callable[[int], None] | None = None, token_budget: int = 1 << 18,
-                   temperature: float = 0.0, stop_loops: bool = False) -> dict[int, list[int]]:
+                   temperature: float = 0.0, loop_keep: int | None = None
+                   ) -> dict[int, list[int]]:
     """The target's responses to `prompts` in batches of similar length (see
     `length_batches`), in a seeded shuffle so every category and length comes early; ->
-    {prompt index: response}. With `seconds`, stops after the batch that crosses it."""
+    {prompt index: response}. With `seconds`, stops after the batch that crosses it. With
+    `loop_keep`, looping rows stop early and are cut `loop_keep` tokens into their loop."""
     chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget,
                             paddable(model))
     random.Random(0).shuffle(chunks)
@@ -149,7 +151,9 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
         if seconds is not None and time.perf_counter() - start > seconds:
             break
         responses = continue_batch(model, [prompts[i] for i in chunk], max_new, eos,
-                                   temperature, stop_loops)
+                                   temperature, stop_loops=loop_keep is not None)
+        if loop_keep is not None:
+            responses = cut_loops(responses, loop_keep)
         answers.update(zip(chunk, responses))
         if on_done:
             on_done(len(chunk))
@@ -181,15 +185,14 @@ def generate_dataset(model: nn.Module, tokenizer: Any, prompts: list[list[int]],
     looping rows stop early and are cut `loop_keep` tokens into their loop."""
     start = time.perf_counter()
     answers = answer_prompts(model, tokenizer, prompts, max_new, batch, seconds, on_done,
-                             token_budget, stop_loops=loop_keep is not None)
-    index = sorted(answers)
-    responses = [answers[i] for i in index]
-    if loop_keep is not None:
-        responses = cut_loops(responses, loop_keep)
-    seqs, plens = [], []
-    for i, r in zip(index, responses):
-        if len(r) >= 2:  # an anchor needs a label after it
-            seqs.append(prompts[i] + r)
-            plens.append(len(prompts[i]))
-    return Dataset(seqs, plens, {"generated": len(answers), "max_new": max_new,
-                                 "seconds": time.perf_counter() - start})
+                             token_budget, loop_keep=loop_keep)
+    return as_dataset(prompts, answers, {"generated": len(answers), "max_new": max_new,
+                                         "seconds": time.perf_counter() - start})
+
+
+def as_dataset(prompts: list[list[int]], answers: dict[int, list[int]], meta: dict) -> Dataset:
+    """Prompt + answer sequences, in prompt order; answers under two tokens are dropped (an
+    anchor needs a label after it)."""
+    keep = [i for i in sorted(answers) if len(answers[i]) >= 2]
+    return Dataset([prompts[i] + answers[i] for i in keep], [len(prompts[i]) for i in keep],
+                   meta)
