@@ -29,6 +29,7 @@ from .mix import (
     eval_texts,
     first_turn_messages,
     in_slice,
+    is_clean,
     is_held_out,
     load_records,
     magpie_prefix,
@@ -177,9 +178,8 @@ class Collector:
         state folder are loaded, not generated again."""
         cfg = self.cfg
         decon = Decontaminator.from_texts(eval_texts(cfg.eval_dir)) if cfg.eval_dir else None
-        records = load_records(cfg.prompts_file)
-        heldout_pool = records
-        records = usable(records, decon)
+        every = load_records(cfg.prompts_file)
+        records = usable(every, decon)
         index, count = cfg.slice
         records = [r for r in records if in_slice(r.id, index, count)]
         self.say(f"prompts: {len(records)} usable records in slice {index}/{count}")
@@ -188,20 +188,19 @@ class Collector:
         spent_share = 0.0
         for phase in PHASES:
             path = self.state_dir / f"data-{phase}.npz"
+            spent_share += TIME_SHARES[phase]
             if path.is_file():
                 parts[phase] = Dataset.load(path)
                 self.say(f"{phase}: reusing {path} ({len(parts[phase])} sequences)")
-                spent_share += TIME_SHARES[phase]
                 continue
             seconds = None
             if cfg.seconds is not None:  # this phase's share plus what earlier ones left
-                spent_share += TIME_SHARES[phase]
                 seconds = max(0.0, cfg.seconds * spent_share - (time.perf_counter() - start))
             t0 = time.perf_counter()
             if phase == "heldout":
-                data = self.heldout([r for r in heldout_pool
-                                     if decon is None or all(decon.clean(t) for t in r.turns)],
-                                    seconds)
+                # only the held-out records need the (slow) contamination check here
+                data = self.heldout([r for r in every if is_held_out(r.id)
+                                     and is_clean(r, decon)], seconds)
             elif phase == "single":
                 data = self.single(records, seconds)
             elif phase == "multiturn":

@@ -126,10 +126,13 @@ def eval_texts(data_dir: Path | str) -> list[str]:
     return [t for t in texts if t.strip()]
 
 
+def is_clean(record: PromptRecord, decon: Decontaminator | None) -> bool:
+    return decon is None or all(decon.clean(t) for t in record.turns)
+
+
 def usable(records: Sequence[PromptRecord], decon: Decontaminator | None) -> list[PromptRecord]:
     """Drop held-out and contaminated records."""
-    return [r for r in records if not is_held_out(r.id)
-            and (decon is None or all(decon.clean(t) for t in r.turns))]
+    return [r for r in records if not is_held_out(r.id) and is_clean(r, decon)]
 
 
 def sample_by_source(records: Sequence[PromptRecord], n: int, seed: int,
