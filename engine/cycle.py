@@ -187,7 +187,8 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     tap_ids = proposer.tap_ids
     position = len(prompt)
     last = prefill(target, cache, prompt, prefill_chunk, proposer)
-    staged = int(mx.argmax(last) if sampler is None else sampler.draw(sampler.probs(last)))
+    staged = int(target.agree(mx.argmax(last) if sampler is None
+                              else sampler.draw(sampler.probs(last)))[0])
     yield Commit([staged], 0)
     emitted, index = 1, 0
     while emitted < max_tokens:
@@ -208,6 +209,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
             following = choice[accepted]  # the target's argmax after the kept drafts
         else:
             accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
+        accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         verify_s = clock.lap(accepted, following)
 
         a = int(accepted)
@@ -231,14 +233,21 @@ def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
     from `sampler`'s processed distribution (the same one speculative sampling keeps).
     `cache`: the target's caches to continue (a resumed conversation); `progress(done, total)`
     is called after each prefill chunk."""
-    from mlx_lm.generate import generate_step
+    from mlx_lm.generate import generate_step, generation_stream
 
     def sample(logprobs: mx.array) -> mx.array:
-        return sampler.draw(sampler.probs(logprobs))
+        token = (mx.argmax(logprobs, axis=-1) if sampler is None
+                 else sampler.draw(sampler.probs(logprobs)))
+        return target.agree(token)[0].reshape(token.shape)  # sharded: rank 0's token
 
+    plain = sampler is None and target.lockstep is None  # mlx-lm's own argmax
     steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
                           prefill_step_size=prefill_chunk, prompt_cache=cache,
                           prompt_progress_callback=progress,
-                          sampler=None if sampler is None else sample)
+                          sampler=None if plain else sample)
     for token, _ in steps:
+        if target.lockstep is not None:
+            # generate_step has queued its next step on its own stream: let its collectives
+            # finish before the caller's (another stream's) can interleave with them.
+            mx.synchronize(generation_stream)
         yield Commit([int(token)], 0)

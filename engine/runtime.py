@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,6 +23,9 @@ from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
 from .targets.base import TargetAdapter
 
+if TYPE_CHECKING:
+    from .distributed import Lockstep
+
 Prompt = str | Sequence[dict] | Sequence[int]
 
 
@@ -34,14 +37,20 @@ class DFlashRuntime:
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
                  draft_id: str = "draft", target: TargetAdapter | None = None,
-                 token_ranking: list[int] | None = None):
+                 token_ranking: list[int] | None = None, lockstep: Lockstep | None = None):
         self.config = config or DFlashConfig()
         self.model = model
         self.tokenizer = tokenizer
         self.draft = draft
         self.target = target or adapter_for(model)
+        self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
         self.target.warm_up()  # native kernels compile here, not mid-reply
         self.min_confidence = self.config.min_confidence()
+        if lockstep is not None:
+            # The verify cut's length comes from each rank's own draft probabilities: every
+            # rank must verify the same number of tokens, so sharded targets verify whole
+            # blocks.
+            self.min_confidence = None
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
@@ -51,7 +60,10 @@ class DFlashRuntime:
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
-        self.prompt_cache = PromptCache(resolve_cache_bytes(self.config.prompt_cache_bytes))
+        budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
+        if lockstep is not None:  # the same budget everywhere: ranks evict in step
+            budget = lockstep.broadcast_int(min(budget, 2**31 - 1))
+        self.prompt_cache = PromptCache(budget)
 
     def clear_cache(self) -> None:
         """Forget every cached conversation state (the next request prefills in full)."""
@@ -60,18 +72,37 @@ class DFlashRuntime:
     @classmethod
     def from_pretrained(cls, model: str | None = None, draft: str | None = None,
                         config: DFlashConfig | None = None,
-                        progress: Progress | None = None) -> DFlashRuntime:
+                        progress: Progress | None = None, distributed: bool | str = False
+                        ) -> DFlashRuntime:
         """Load a registered pair by target id, or any target + `draft` (ids or folders).
-        `model=None` is the offline default pair (SmolLM2-135M-Instruct + our draft)."""
+        `model=None` is the offline default pair (SmolLM2-135M-Instruct + our draft).
+        `distributed` (True or a backend name) shards the target over this process's
+        mx.distributed group; followers (rank > 0) then call `distributed.follow(runtime)`
+        and rank 0 generates (README: sharded targets)."""
         config = config or DFlashConfig()
         model_id = model or DEFAULT_TARGET
-        target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
+        lockstep = None
+        if distributed:
+            from .distributed import Lockstep, init_group, load_sharded_target
+
+            group = init_group("any" if distributed is True else distributed)
+            lockstep = Lockstep(group)
+            target_model, tokenizer, resolved = load_sharded_target(model_id, config.dtype,
+                                                                    group, progress)
+        else:
+            target_model, tokenizer, resolved = load_target(model_id, config.dtype, progress)
         adapter = adapter_for(target_model)
         # The draft computes in the target's dtype (its hidden states feed the draft).
         dtype = target_model_dtype(target_model)
         draft_model, draft_id, ranking = load_draft(model_id, draft, adapter, dtype, progress)
         return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter,
-                   ranking)
+                   ranking, lockstep)
+
+    def close_followers(self) -> None:
+        """Rank 0 of a sharded target: let the other ranks' `follow` return (call once, when
+        done generating). Nothing to do otherwise."""
+        if self.lockstep is not None and self.lockstep.leader:
+            self.lockstep.announce(None)
 
     # -- prompts -----------------------------------------------------------------------
     def encode(self, prompt: Prompt, chat_template_args: dict | None = None) -> list[int]:
@@ -103,6 +134,7 @@ class DFlashRuntime:
     def describe(self) -> dict:
         return {
             "target": self.target_id,
+            "ranks": self.lockstep.size if self.lockstep is not None else 1,
             "draft": self.draft_id,
             "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
@@ -148,6 +180,11 @@ class DFlashRuntime:
             commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse)
         else:
             commits = self._plain(ids, max_tokens, sampler, reuse)
+        if self.lockstep is not None:  # what the followers run (distributed.follow)
+            request = {"ids": ids, "max_tokens": max_tokens, "no_eos": no_eos,
+                       "speculative": speculative, "block_size": block_size,
+                       "profile": profile, **vars(params)}
+            commits = self.lockstep.gated(commits, request)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size,
                            reuse)
 

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import make_prompt_cache
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
@@ -50,6 +51,7 @@ class TargetAdapter:
 
     family: str = ""
     model_types: tuple[str, ...] = ()
+    lockstep: Any = None  # a distributed.Lockstep when the target is sharded over ranks
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -91,7 +93,16 @@ class TargetAdapter:
     def lm_head(self, hidden: mx.array) -> mx.array:
         """The target's output head on already-normed hidden states."""
         head, tied = self._head()
-        return head.as_linear(hidden) if tied else head(hidden)
+        if tied:
+            return head.as_linear(hidden)
+        group = getattr(getattr(self.model, "language_model", self.model), "sharding_group",
+                        None)  # a head sharded by vocabulary rows (mlx-lm's qwen3_5 shard())
+        return head(hidden) if group is None else gather_last_axis(head(hidden), group)
+
+    def agree(self, *values: mx.array) -> tuple[mx.array, ...]:
+        """The cycle's data-dependent scalars as rank 0 has them when sharded (one
+        collective); as they are otherwise."""
+        return values if self.lockstep is None else self.lockstep.agree(*values)
 
     def head_rows(self, ids: mx.array) -> mx.array | None:
         """The output head's rows for token `ids` [K] -> [K, H], such that
@@ -160,6 +171,8 @@ class TargetAdapter:
         A tap of layer l is the output of decoder layer l (before the final norm).
         `last_only` computes logits for the last position only (prefill chunks).
         """
+        if self.lockstep is not None:
+            tokens = self.lockstep.broadcast(tokens)  # rank 0's tokens (its draft's) rule
         h = self.inner.embed_tokens(tokens)
         masks = self._masks(h, cache)
         wanted = set(tap_ids)

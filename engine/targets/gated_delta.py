@@ -4,7 +4,9 @@ Attention layers roll back by trimming their KVCache. Linear layers keep a recur
 state that cannot be trimmed, so a verify forward runs them through `_linear_verify`,
 which computes what mlx-lm's GatedDeltaNet computes while recording the state before
 the verify plus a per-step tape; `rollback` rebuilds the state of the kept prefix.
-Outside a verify (prefill, plain decode) the layers run as mlx-lm's own code.
+Outside a verify (prefill, plain decode) the layers run as mlx-lm's own code. Sharded by
+mlx-lm's shard(), a layer holds this rank's heads (its head counts are already divided): the
+tape, replay and conv rows are per rank, on those heads, and the output is all_summed.
 """
 
 from __future__ import annotations
@@ -99,8 +101,6 @@ class GatedDeltaAdapter(TargetAdapter):
         """mlx-lm GatedDeltaNet.__call__ (both projection layouts), recording a tape."""
         if mask is not None:
             raise ValueError("verify forwards are batch-1 without padding masks")
-        if getattr(attn, "sharding_group", None) is not None:
-            raise ValueError("sharded GatedDeltaNet layers are not supported")
         B, S, _ = x.shape
         if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
             q, k, v, z, b, a = attn.fix_query_key_value_ordering(
@@ -144,8 +144,9 @@ class GatedDeltaAdapter(TargetAdapter):
         inputs = None if self.enable_tape_replay else (q, k, v, g, beta)
         self._records[index] = _LinearRecord(conv_state, state, qkv, tape, inputs)
 
-        out = attn.norm(out, z)
-        return attn.out_proj(out.reshape(B, S, -1))
+        out = attn.out_proj(attn.norm(out, z).reshape(B, S, -1))
+        group = getattr(attn, "sharding_group", None)  # sharded: this rank's heads only
+        return out if group is None else mx.distributed.all_sum(out, group=group)
 
     def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
         """Keep the first `keep` of `verified` tokens: trim KV, rebuild linear states."""

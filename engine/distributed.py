@@ -1,0 +1,173 @@
+"""A target sharded over mx.distributed: tensor-parallel loading and the lockstep protocol.
+
+Every rank loads its slice of the target with mlx-lm's own `Model.shard(group)` (weights
+read lazily, so a rank materializes only its part) and the whole draft. Every rank then runs
+the same cycle: the layers' all_sums give every rank the same hidden states, so the same
+taps, draft and argmax. Rank 0 owns input and output and the others follow what it
+broadcasts: each request (`announce` / `receive`), the tokens of every target forward, the
+cycle's accepted count and next token (`agree`), and whether to run another cycle (`gate`,
+so a reply cancelled on rank 0 stops everywhere). Broadcasts are all_sums in which the
+followers contribute zeros: exact for any dtype, and one collective each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import ConfigError, UnsupportedModel
+from .loading import Progress, _say, cast_floats, check_target_folder, pick_dtype, resolve_local
+from .registry import DEFAULT_TARGET, find_pair
+
+BACKENDS = ("any", "ring", "jaccl", "mpi", "nccl")
+
+
+class Lockstep:
+    """Rank 0 decides; every rank gets rank 0's values."""
+
+    def __init__(self, group: mx.distributed.Group):
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, x: mx.array) -> mx.array:
+        """Rank 0's `x` on every rank (same shape and dtype everywhere). The followers' zeros
+        still depend on their own `x`: every rank's graph then has the same shape, so MLX
+        runs the collectives in the same order everywhere (a follower's constant would let
+        this one run before collectives it should follow)."""
+        return mx.distributed.all_sum(mx.where(self.leader, x, mx.zeros_like(x)),
+                                      group=self.group)
+
+    def agree(self, *values: mx.array) -> tuple[mx.array, ...]:
+        """Rank 0's scalars (int32), in one collective: a data-dependent decision (accepted
+        count, next token) must be the same on every rank even if a near-tie argmax were
+        to differ by rounding."""
+        both = self.broadcast(mx.stack([mx.array(v).astype(mx.int32).reshape(()) for v in values]))
+        return tuple(both[i] for i in range(len(values)))
+
+    def broadcast_int(self, value: int) -> int:
+        return int(self.broadcast(mx.array([value], dtype=mx.int32))[0])
+
+    # -- requests ------------------------------------------------------------------------
+    def announce(self, request: dict | None) -> None:
+        """Rank 0: send a request (None: the followers return from `follow`)."""
+        data = json.dumps(request).encode()
+        self.broadcast_int(len(data))
+        mx.eval(self.broadcast(mx.array(list(data), dtype=mx.int32)))
+
+    def receive(self) -> dict | None:
+        """A follower: the next request rank 0 announces (None: stop)."""
+        n = self.broadcast_int(0)
+        data = self.broadcast(mx.zeros((n,), dtype=mx.int32))
+        return json.loads(bytes(data.tolist()).decode())
+
+    def gate(self, go: bool) -> bool:
+        """Whether rank 0 runs another cycle (every rank calls this once per commit)."""
+        return bool(self.broadcast_int(int(go)))
+
+    def gated(self, commits: Iterator[Any], request: dict) -> Iterator[Any]:
+        """A request's commits in lockstep: rank 0 announces it on the first next(), and after
+        each commit every rank learns whether rank 0 wants more (it stops on EOS, length or a
+        cancelled reply: a closed generator)."""
+        if self.leader:
+            self.announce(request)
+        try:
+            for commit in commits:
+                yield commit
+                if not self.gate(True):
+                    return
+        except GeneratorExit:
+            self.gate(False)
+            raise
+        finally:
+            commits.close()
+
+
+def init_group(backend: str = "any") -> mx.distributed.Group:
+    """This process's group; a clear error when it was not started as one of several ranks."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown distributed backend {backend!r}: use one of "
+                          f"{', '.join(BACKENDS)}.")
+    try:
+        group = mx.distributed.init(strict=True, backend=backend)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"--distributed: no distributed group ({str(exc).strip() or type(exc).__name__}). "
+            "Fix: start every rank with `mlx.launch` (see the README's sharded targets), or "
+            "drop --distributed.") from exc
+    if group.size() < 2:
+        raise ConfigError("--distributed: this process is the only rank. Fix: start it with "
+                          "`mlx.launch -n 2 ...` (see the README's sharded targets).")
+    return group
+
+
+def check_shardable(model: nn.Module, size: int) -> None:
+    """Refuse, in one line, a target whose heads or widths do not split over `size` ranks
+    (mlx-lm's shard() would fail later with a reshape error)."""
+    if not hasattr(model, "shard"):
+        raise UnsupportedModel(
+            f"mlx-lm has no tensor-parallel shard() for model_type "
+            f"{getattr(model, 'model_type', '?')!r}. Fix: run it on one machine.")
+    args = getattr(model, "language_model", model).args
+    names = ["num_attention_heads", "intermediate_size", "linear_num_key_heads",
+             "linear_num_value_heads"]
+    if getattr(args, "model_type", "") != "qwen3_5":  # qwen3_5 repeats KV heads as needed
+        names.append("num_key_value_heads")
+    if getattr(args, "model_type", "") == "qwen3_5" and not args.tie_word_embeddings:
+        names.append("vocab_size")  # its output head is sharded by vocabulary rows
+    for name in names:
+        value = getattr(args, name, None)
+        if value and value % size:
+            raise ConfigError(f"cannot shard this target over {size} ranks: {name}={value} is "
+                              f"not a multiple of {size}. Fix: use a number of ranks that "
+                              "divides it.")
+
+
+def load_sharded_target(model_id: str, dtype: str | None, group: mx.distributed.Group,
+                        progress: Progress | None = None) -> tuple[nn.Module, Any, str]:
+    """load_target, sharded: -> (this rank's part of the model, tokenizer, resolved id).
+    A folder goes through mlx-lm's sharded loading (lazy weights, shard(), then only this
+    rank's slices are evaluated); the bundled GGUF is small and is loaded whole, then
+    sharded."""
+    pair = find_pair(model_id)
+    if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
+        from .loading import load_target
+
+        model, tokenizer, resolved = load_target(model_id, dtype, progress)
+        check_shardable(model, group.size())
+        model.shard(group)
+        mx.eval(model.parameters())
+        return model, tokenizer, resolved or DEFAULT_TARGET
+    from mlx_lm.utils import load_model, sharded_load
+
+    path = resolve_local(model_id, progress)
+    check_target_folder(path)
+    lazy, _ = load_model(path, lazy=True, strict=False)
+    check_shardable(lazy, group.size())
+    del lazy
+    _say(progress, f"loading rank {group.rank()}'s part of {model_id}")
+    try:
+        model, tokenizer = sharded_load(str(path), tensor_group=group)
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedModel(
+            f"mlx-lm could not load {model_id} sharded ({detail}). Fix: pass an mlx-lm "
+            "compatible model.") from exc
+    cast_floats(model, pick_dtype(dtype))
+    return model, tokenizer, model_id
+
+
+def follow(runtime: Any) -> None:
+    """A follower rank's whole life: run each request rank 0 announces, in lockstep, and
+    discard the output; return when rank 0 announces None (its `close_followers`)."""
+    while (request := runtime.lockstep.receive()) is not None:
+        for _ in runtime.stream_generate(request.pop("ids"), **request):
+            pass

@@ -1,0 +1,124 @@
+"""One rank of the sharded-target tests (tests/test_distributed.py starts two of these on
+the ring backend). Usage: python tests/sharded_rank.py PAIRS_DIR OUT_DIR FAMILY...
+
+Per family, every rank loads the tiny pair with `distributed=True` and runs, in lockstep:
+an oracle proposer at several accept lengths (each rank checks its own shard's caches
+against a plain prefill: rollback on this rank's heads), then rank 0 serves runtime requests
+(speculative, plain, a cancelled stream, a resumed conversation, a sampled reply) while the
+others `follow`. Each rank writes OUT_DIR/rank-N.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine
+
+import engine  # noqa: E402, F401  (first: it picks the CPU BLAS before MLX loads)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+from mlx_lm.models.cache import KVCache  # noqa: E402
+
+from engine import DFlashConfig, DFlashRuntime  # noqa: E402
+from engine.cycle import DraftProposer, plain_decode, prefill, speculative_decode  # noqa: E402
+from engine.distributed import follow  # noqa: E402
+
+PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
+TOKENS = 40
+
+
+class Oracle(DraftProposer):
+    """The target's own continuation, wrong from draft slot `error_at` on."""
+
+    def __init__(self, rt, truth, error_at):
+        super().__init__(rt.target, rt.draft)
+        self.truth, self.error_at = truth, error_at
+
+    def propose(self, staged, size, position):
+        drafted = list(self.truth[position + 1: position + size])
+        drafted += [0] * (size - 1 - len(drafted))
+        if self.error_at < len(drafted):
+            drafted[self.error_at] = (drafted[self.error_at] + 1) % 50
+        return mx.array([[staged] + drafted])
+
+
+def cache_tensors(cache):
+    out = []
+    for c in cache:
+        if isinstance(c, KVCache):
+            out += list(c.keys_and_values())
+        else:
+            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+    return out
+
+
+def oracle_runs(rt) -> dict:
+    """Every rank: accept lengths 0..15 and all; max |cache - plain prefill cache|."""
+    ids = rt.encode("Speculative decoding drafts tokens.")
+    truth = ids + [t for c in plain_decode(rt.target, ids, 50, 512) for t in c.tokens]
+    out = {"accepted": [], "tokens": [], "cache_diff": 0.0, "truth": truth[len(ids):]}
+    for error_at in (0, 2, 5, 15, 16):
+        cache, oracle = rt.target.make_cache(), Oracle(rt, truth, error_at)
+        tokens, accepted = [], []
+        for commit in speculative_decode(rt.target, oracle, ids, 44, 16, 512, cache):
+            tokens += commit.tokens
+            if commit.cycle is not None:
+                accepted.append(commit.cycle.accepted)
+        ref = rt.target.make_cache()
+        prefill(rt.target, ref, ids + tokens[:-1], 512)
+        for got, want in zip(cache_tensors(cache), cache_tensors(ref), strict=True):
+            assert got.shape == want.shape, (got.shape, want.shape)
+            diff = mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
+            out["cache_diff"] = max(out["cache_diff"], diff)
+        out["accepted"].append(accepted)
+        out["tokens"].append(tokens)
+    return out
+
+
+def leader_requests(rt) -> dict:
+    """Rank 0: the requests the followers follow."""
+    out = {"spec": [], "plain": []}
+    for prompt in PROMPTS:
+        ids = rt.encode(prompt)
+        result = rt.generate(ids, TOKENS, no_eos=True)
+        assert result.speculative and result.cycles > 0
+        out["spec"].append({"ids": ids, "tokens": result.tokens})
+        out["plain"].append(rt.generate(ids, TOKENS, no_eos=True, speculative=False).tokens)
+    # A reply cancelled after two spans, then a turn that resumes the first prompt's reply.
+    stream = rt.stream_generate(PROMPTS[0], TOKENS, no_eos=True)
+    next(stream), next(stream)
+    stream.close()
+    first = out["spec"][0]
+    resumed = first["ids"] + first["tokens"] + rt.encode(" and again")
+    result = rt.generate(resumed, TOKENS, no_eos=True)
+    out["resumed"] = {"ids": resumed, "tokens": result.tokens, "cached": result.cached_tokens}
+    sampled = rt.generate(PROMPTS[1], TOKENS, no_eos=True, temperature=0.8, seed=3)
+    out["sampled"] = len(sampled.tokens)
+    out["describe"] = rt.describe()
+    rt.close_followers()
+    return out
+
+
+def main(pairs: Path, out_dir: Path, families: list[str]) -> None:
+    report = {}
+    rank = None
+    for family in families:
+        rt = DFlashRuntime.from_pretrained(
+            model=str(pairs / f"tiny-{family}"), draft=str(pairs / f"tiny-{family}-dflash"),
+            config=DFlashConfig(dtype="float32"), distributed=True)
+        rank = rt.lockstep.rank
+        report[family] = {"rank": rank, "size": rt.lockstep.size, "oracle": oracle_runs(rt)}
+        if rt.lockstep.leader:
+            report[family].update(leader_requests(rt))
+        else:
+            follow(rt)
+        print(f"rank {rank}: {family} done", file=sys.stderr, flush=True)
+    (out_dir / f"rank-{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
