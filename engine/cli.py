@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
@@ -22,7 +23,15 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-eos", action="store_true", help="keep generating through EOS")
     p.add_argument("--no-speculative", action="store_true",
                    help="decode with the target alone (same output when greedy)")
+    add_distributed_arg(p)
     add_sampling_args(p)
+
+
+def add_distributed_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distributed", nargs="?", const="any", default=None, metavar="BACKEND",
+                   help="shard the target over the ranks mlx.launch started (backend: any, "
+                        "ring, jaccl, mpi, nccl; default any). Rank 0 prints; see the "
+                        "README's sharded targets")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -36,27 +45,41 @@ def run_generate(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     config = config_from_args(args)
     SamplingParams(**sampling_from_args(args))  # a bad flag fails before the models load
-    with err.status("loading model pair") as status:
+    leader = True
+    if args.distributed:
+        from .distributed import init_group
+
+        leader = init_group(args.distributed).rank() == 0  # only rank 0 talks
+    with err.status("loading model pair") if leader else contextlib.nullcontext() as status:
         rt = DFlashRuntime.from_pretrained(
             model=args.model, draft=args.draft, config=config,
-            progress=lambda message, fraction: status.update(
+            progress=None if status is None else lambda message, fraction: status.update(
                 message if fraction is None else f"{message}: {fraction:.0%}"),
+            distributed=args.distributed or False,
         )
+    if not leader:
+        from .distributed import follow
+
+        follow(rt)  # the rank-0 run below, in lockstep; returns when rank 0 is done
+        return 0
     if args.raw:
         prompt = args.prompt
     else:
         prompt = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt.append({"role": "user", "content": args.prompt})
-    result = None
-    for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
-                                    speculative=not args.no_speculative,
-                                    **sampling_from_args(args)):
-        if isinstance(event, Finished):
-            result = event.result
-        else:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
+    try:
+        result = None
+        for event in rt.stream_generate(prompt, max_tokens=args.max_tokens, no_eos=args.no_eos,
+                                        speculative=not args.no_speculative,
+                                        **sampling_from_args(args)):
+            if isinstance(event, Finished):
+                result = event.result
+            else:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+    finally:
+        rt.close_followers()  # a sharded target: the other ranks may exit
     assert result is not None
     line = (f"{result.total_tokens} tokens, {result.tokens_per_second:.1f} tok/s, "
             f"ttft {result.ttft_s * 1000:.0f} ms")

@@ -92,6 +92,10 @@ class EngineWorker:
     def stop(self) -> None:
         self.jobs.put(None)
 
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
     @property
     def depth(self) -> int:
         """Requests waiting or running."""
@@ -125,6 +129,8 @@ class EngineWorker:
                 with self._lock:
                     self._depth -= 1
                 job.put(DONE)
+        if hasattr(self.rt, "close_followers"):
+            self.rt.close_followers()  # a sharded target: the other ranks may exit
 
     def _serve(self, job: Job) -> None:
         stream = self.rt.stream_generate(job.prompt, max_tokens=job.max_tokens, **job.options)
@@ -603,6 +609,7 @@ def create_app(load: Callable[[], Any], **server_options: Any) -> Starlette:
 
 # -- command line ----------------------------------------------------------------------------
 def serve_parser() -> argparse.ArgumentParser:
+    from .cli import add_distributed_arg
     from .config import add_engine_args
 
     p = argparse.ArgumentParser(prog="dflash serve",
@@ -622,6 +629,7 @@ def serve_parser() -> argparse.ArgumentParser:
                         "at most 8 GiB)")
     add_engine_args(p)
     p.add_argument("--no-speculative", action="store_true", help="plain greedy decoding")
+    add_distributed_arg(p)
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -659,10 +667,21 @@ def serve_main(argv: list[str]) -> int:
         from .runtime import DFlashRuntime
 
         log.info("loading the model pair (requests get 503 until it is ready)")
-        rt = DFlashRuntime.from_pretrained(model=args.model, draft=args.draft, config=config)
+        rt = DFlashRuntime.from_pretrained(model=args.model, draft=args.draft, config=config,
+                                           distributed=args.distributed or False)
         log.info("ready: %s + %s on %s", rt.target_id, rt.draft_id, rt.describe()["backend"])
         return rt
 
+    if args.distributed:  # ranks > 0 serve no HTTP: they follow rank 0's requests
+        from .distributed import follow, init_group
+
+        try:
+            if init_group(args.distributed).rank() != 0:
+                follow(load())
+                return 0
+        except DFlashError as exc:
+            print(f"dflash serve: {exc}", file=sys.stderr)
+            return 2
     app = create_app(load, api_key=args.api_key, default_max_tokens=args.max_tokens,
                      speculative=not args.no_speculative)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
@@ -674,4 +693,5 @@ def serve_main(argv: list[str]) -> int:
     # A pair that cannot load ends the server (exit 2) rather than answering 503 forever.
     worker.on_fail = lambda: setattr(server, "should_exit", True)
     server.run()
+    worker.join(timeout=30)  # a sharded target's followers are released on the engine thread
     return 2 if worker.load_error else 0
