@@ -67,7 +67,7 @@ def oracle_runs(rt) -> dict:
         for commit in speculative_decode(rt.target, oracle, ids, 44, 16, 512, cache):
             tokens += commit.tokens
             if commit.cycle is not None:
-                accepted.append(commit.cycle.accepted)
+                accepted.append([commit.cycle.accepted, commit.cycle.block_size])
         ref = rt.target.make_cache()
         prefill(rt.target, ref, ids + tokens[:-1], 512)
         for got, want in zip(cache_tensors(cache), cache_tensors(ref), strict=True):
