@@ -27,8 +27,10 @@ from engine import DFlashConfig, DFlashRuntime  # noqa: E402
 from engine.cycle import DraftProposer, plain_decode, prefill, speculative_decode  # noqa: E402
 from engine.distributed import follow  # noqa: E402
 
-PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
-TOKENS = 40
+PROMPTS = ["Hello world", "def add(a, b):"]
+TOKENS = 24
+ORACLE_TOKENS = 34
+ERROR_AT = (0, 3, 15, 16)  # oracle drafts wrong from this slot on (16: all right)
 
 
 class Oracle(DraftProposer):
@@ -57,14 +59,16 @@ def cache_tensors(cache):
 
 
 def oracle_runs(rt) -> dict:
-    """Every rank: accept lengths 0..15 and all; max |cache - plain prefill cache|."""
+    """Every rank: accept lengths 0, 3, 15 and all; max |cache - plain prefill cache|."""
     ids = rt.encode("Speculative decoding drafts tokens.")
-    truth = ids + [t for c in plain_decode(rt.target, ids, 50, 512) for t in c.tokens]
+    plain = plain_decode(rt.target, ids, ORACLE_TOKENS + 4, 512)
+    truth = ids + [t for c in plain for t in c.tokens]
     out = {"accepted": [], "tokens": [], "cache_diff": 0.0, "truth": truth[len(ids):]}
-    for error_at in (0, 2, 5, 15, 16):
+    for error_at in ERROR_AT:
         cache, oracle = rt.target.make_cache(), Oracle(rt, truth, error_at)
         tokens, accepted = [], []
-        for commit in speculative_decode(rt.target, oracle, ids, 44, 16, 512, cache):
+        for commit in speculative_decode(rt.target, oracle, ids, ORACLE_TOKENS, 16, 512,
+                                         cache):
             tokens += commit.tokens
             if commit.cycle is not None:
                 accepted.append([commit.cycle.accepted, commit.cycle.block_size])
