@@ -42,9 +42,13 @@ class Lockstep:
         """Rank 0's `x` on every rank (same shape and dtype everywhere). The followers' zeros
         still depend on their own `x`: every rank's graph then has the same shape, so MLX
         runs the collectives in the same order everywhere (a follower's constant would let
-        this one run before collectives it should follow)."""
-        return mx.distributed.all_sum(mx.where(self.leader, x, mx.zeros_like(x)),
-                                      group=self.group)
+        this one run before collectives it should follow). Integers travel as float32, the
+        dtype every backend sums: exact below 2**24 (token ids, counts, bytes)."""
+        mine = mx.where(self.leader, x, mx.zeros_like(x))
+        if mx.issubdtype(x.dtype, mx.floating):
+            return mx.distributed.all_sum(mine, group=self.group)
+        summed = mx.distributed.all_sum(mine.astype(mx.float32), group=self.group)
+        return summed.astype(x.dtype)
 
     def agree(self, *values: mx.array) -> tuple[mx.array, ...]:
         """Rank 0's scalars (int32), in one collective: a data-dependent decision (accepted
@@ -54,7 +58,10 @@ class Lockstep:
         return tuple(both[i] for i in range(len(values)))
 
     def broadcast_int(self, value: int) -> int:
-        return int(self.broadcast(mx.array([value], dtype=mx.int32))[0])
+        """Rank 0's non-negative int below 2**40, as base-2**16 digits (exact as float32)."""
+        digits = self.broadcast(mx.array([value >> 32, (value >> 16) & 0xFFFF,
+                                          value & 0xFFFF], dtype=mx.int32)).tolist()
+        return (digits[0] << 32) | (digits[1] << 16) | digits[2]
 
     # -- requests ------------------------------------------------------------------------
     def announce(self, request: dict | None) -> None:

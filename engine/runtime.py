@@ -62,7 +62,7 @@ class DFlashRuntime:
         self.block_size = self.config.draft_block_size or trained
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
-            budget = lockstep.broadcast_int(min(budget, 2**31 - 1))
+            budget = lockstep.broadcast_int(budget)
         self.prompt_cache = PromptCache(budget)
 
     def clear_cache(self) -> None:

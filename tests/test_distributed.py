@@ -172,3 +172,4 @@ def test_lockstep_on_one_process_is_the_identity():
     step = Lockstep(group)
     assert step.leader and step.broadcast(mx.array([3, 4])).tolist() == [3, 4]
     assert [int(v) for v in step.agree(mx.array(5), mx.array(6))] == [5, 6]
+    assert step.broadcast_int(5 << 30) == 5 << 30

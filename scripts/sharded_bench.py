@@ -1,0 +1,193 @@
+"""SYNTHETIC benchmark of a target sharded over mx.distributed ranks (one process per rank;
+scripts/sharded_gpu_bench.sh starts them): random weights at a real model's shapes, split by
+mlx-lm's own Model.shard(group), the whole draft on every rank, oracle drafts at chosen
+tokens/cycle; speed-up against mlx-lm's sharded plain decoding (generate_step on the same
+sharded model) in the same run. Rank 0 writes the JSON.
+
+    python scripts/sharded_bench.py --backend nccl --synthetic qwen3.5-27b \\
+        --tokens-per-cycle 4 8 --json benchmarks/synthetic-qwen3.5-27b-sharded2-bf16-h200.json
+
+Every rank seeds the same generator and builds the same lazy model, so the replicated parts
+(embeddings, norms, draft) are identical; shard() then keeps this rank's slices and only
+those are evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402, F401  (first: it picks the CPU BLAS before MLX loads)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import generation_stream  # noqa: E402
+
+from engine.bench.environment import environment  # noqa: E402
+from engine.bench.synthetic import (  # noqa: E402
+    PREFILL_CHUNK,
+    _kv,
+    _materialize,
+    build_draft,
+    draft_args,
+    forward_timings,
+    load_spec,
+    run_dflash,
+    target_config,
+)
+from engine.bench.timing import first_mismatch, run_baseline  # noqa: E402
+from engine.distributed import Lockstep, check_shardable, init_group  # noqa: E402
+from engine.targets import adapter_for  # noqa: E402
+
+
+def build_sharded_target(name: str, layers: int | None, overrides: dict, dtype: str,
+                         group: mx.distributed.Group, seed: int):
+    from mlx_lm.utils import _get_classes
+
+    config = target_config(name, layers, overrides)
+    mx.random.seed(seed)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))  # lazy: nothing is evaluated yet
+    check_shardable(model, group.size())
+    model.shard(group)
+    _materialize(model, getattr(mx, dtype))
+    return model
+
+
+def drain() -> None:
+    """Finish every queued step on both streams before the next phase's collectives:
+    generate_step leaves one step queued on its own stream, whose all_sums must not
+    interleave with the next phase's (on the default stream)."""
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+
+
+def ranks_agree(step: Lockstep, tokens: list[int]) -> bool:
+    """Whether every rank decoded the same tokens (mlx-lm's plain decoding lets each rank
+    take its own argmax)."""
+    mine = mx.array(tokens, dtype=mx.int32)
+    same = (step.broadcast(mine) == mine).all().astype(mx.float32)
+    return int(mx.distributed.all_sum(same, group=step.group).item()) == step.size
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--synthetic", default="qwen3.5-27b")
+    p.add_argument("--backend", default="any", help="any, ring, jaccl, mpi or nccl")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--draft-override", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on CPU")
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--tokens-per-cycle", type=float, nargs="+", default=[4.0, 8.0])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--iters", type=int, default=5, help="forward-timing iterations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="rank 0 writes the report here")
+    args = p.parse_args(argv)
+
+    from engine.device import current
+
+    group = init_group(args.backend)
+    step = Lockstep(group)
+    backend = current()
+    dtype = args.dtype or ("float32" if backend == "cpu" else "bfloat16")
+    built = time.perf_counter()
+    model = build_sharded_target(args.synthetic, args.layers, _kv(args.override), dtype,
+                                 group, args.seed)
+    target = adapter_for(model)
+    target.lockstep = step
+    dargs = draft_args(args.synthetic, target, _kv(args.draft_override))
+    draft = build_draft(dargs, dtype, args.seed + 1)
+    build_s = time.perf_counter() - built
+
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(target.vocab_size) for _ in range(args.ctx)]
+    target.warm_up()
+    warm = run_baseline(model, prompt, 8, PREFILL_CHUNK).tokens  # compile and allocate
+    drain()
+    run_dflash(target, draft, prompt, warm, 8, args.block_size, args.tokens_per_cycle[0],
+               args.seed)
+    drain()
+    base = run_baseline(model, prompt, args.max_tokens, PREFILL_CHUNK)
+    drain()
+    agree = ranks_agree(step, base.tokens)
+    runs = []
+    for tpc in args.tokens_per_cycle:
+        flash, cycles = run_dflash(target, draft, prompt, base.tokens, args.max_tokens,
+                                   args.block_size, tpc, args.seed)
+        drain()
+        mismatch = first_mismatch(base.tokens, flash.tokens)
+        runs.append({
+            "tokens_per_cycle_target": tpc,
+            "dflash": {**flash.summary(), **cycles},
+            "speedup": flash.tokens_per_second / base.tokens_per_second,
+            "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
+                               if base.decode_tokens_per_second else None),
+            "token_match": mismatch is None,
+            "first_mismatch": mismatch,
+        })
+    fwd = forward_timings(model, target, prompt, args.iters, args.block_size)
+    drain()
+    if step.leader:
+        report = {
+            "command": shlex.join(sys.argv),
+            "synthetic": True,
+            "title": f"SYNTHETIC sharded benchmark (random weights, oracle draft): "
+                     f"{args.synthetic} over {step.size} ranks",
+            "model": args.synthetic,
+            "source_config": load_spec(args.synthetic)["source"],
+            "note": ("random weights at the model's shapes, tensor-parallel with mlx-lm's "
+                     "Model.shard(); acceptance is set by the oracle, so speed-ups show the "
+                     "machines' cost structure, not a real draft's quality"),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **environment(),
+            "backend": backend,
+            "distributed_backend": args.backend,
+            "ranks": step.size,
+            "dtype": dtype,
+            "target_config": target_config(args.synthetic, args.layers, _kv(args.override)),
+            "draft_config": dargs.to_config(),
+            "settings": {"ctx": args.ctx, "max_tokens": args.max_tokens,
+                         "block_size": args.block_size, "greedy": True,
+                         "prefill_step": PREFILL_CHUNK, "seed": args.seed,
+                         "draft_forward_timed": True, "verify_cut": None},
+            "baseline_function": "mlx_lm.generate.generate_step on the sharded model "
+                                 "(mlx-lm's sharded plain decoding)",
+            "build_s": build_s,
+            "forward": fwd,
+            "baseline": base.summary(),
+            "baseline_ranks_agree": agree,
+            "runs": runs,
+            "definitions": {
+                "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
+                "decode_speedup": "tok/s after the first token, DFlash / baseline",
+                "t_ar_s / t_verify16_s": "median 1-token mlx-lm forward / 16-token adapter "
+                                         "verify forward after ctx tokens, sharded",
+            },
+        }
+        for run in runs:
+            print(f"tokens/cycle {run['tokens_per_cycle_target']}: speed-up "
+                  f"{run['speedup']:.2f}x e2e, {(run['decode_speedup'] or 0):.2f}x decode, "
+                  f"measured tokens/cycle {run['dflash']['tokens_per_cycle']:.2f}, "
+                  f"token_match {run['token_match']}")
+        print(f"baseline {base.tokens_per_second:.1f} tok/s; T_ar {fwd['t_ar_s'] * 1e3:.2f} "
+              f"ms, T_verify16 {fwd['t_verify16_s'] * 1e3:.2f} ms; ranks agree {agree}")
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+            print(f"wrote {args.json}")
+    ok = agree and all(r["token_match"] for r in runs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
