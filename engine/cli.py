@@ -6,7 +6,13 @@ import argparse
 import contextlib
 import sys
 
-from .config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
+from .config import (
+    add_distributed_arg,
+    add_engine_args,
+    add_sampling_args,
+    config_from_args,
+    sampling_from_args,
+)
 from .errors import DFlashError
 
 
@@ -26,12 +32,6 @@ def generate_parser(sub: argparse._SubParsersAction) -> None:
     add_distributed_arg(p)
     add_sampling_args(p)
 
-
-def add_distributed_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--distributed", nargs="?", const="any", default=None, metavar="BACKEND",
-                   help="shard the target over the ranks mlx.launch started (backend: any, "
-                        "ring, jaccl, mpi, nccl; default any). Rank 0 prints; see the "
-                        "README's sharded targets")
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -118,6 +118,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "float32, the fast one on CPU)")
 
 
+def add_distributed_arg(p: argparse.ArgumentParser) -> None:
+    """`--distributed [BACKEND]` of `dflash generate` and `dflash serve` (engine/distributed.py)."""
+    p.add_argument("--distributed", nargs="?", const="any", default=None, metavar="BACKEND",
+                   help="shard the target over the ranks mlx.launch started (backend: any, "
+                        "ring, jaccl, mpi, nccl; default any); rank 0 prints or serves, the "
+                        "others follow it. See the README's sharded targets")
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """The per-call sampling flags (`generate(..., temperature=, top_p=, top_k=, min_p=,
     seed=)`); checked by engine.sampling.SamplingParams."""

@@ -609,8 +609,7 @@ def create_app(load: Callable[[], Any], **server_options: Any) -> Starlette:
 
 # -- command line ----------------------------------------------------------------------------
 def serve_parser() -> argparse.ArgumentParser:
-    from .cli import add_distributed_arg
-    from .config import add_engine_args
+    from .config import add_distributed_arg, add_engine_args
 
     p = argparse.ArgumentParser(prog="dflash serve",
                                 description="OpenAI-compatible server on a DFlash pair")

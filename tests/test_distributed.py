@@ -151,6 +151,19 @@ def test_cli_generate_distributed_prints_the_single_process_reply(tiny_pairs, tm
     assert ranks[1].stdout == ""  # only rank 0 prints
 
 
+def test_gpu_bench_launcher_runs_on_cpu_ring(tmp_path):
+    """scripts/sharded_gpu_bench.sh's cpu mode: the same script and benchmark as the GPU run
+    (tiny shape, ring backend); checks the report, never its timings."""
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "sharded_gpu_bench.sh"), "cpu",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((tmp_path / "synthetic-qwen3.5-27b-sharded2-tiny-cpu.json").read_text())
+    assert report["synthetic"] and report["ranks"] == 2 and report["baseline_ranks_agree"]
+    assert [r["tokens_per_cycle_target"] for r in report["runs"]] == [4.0, 8.0]
+    assert all(r["token_match"] and r["dflash"]["cycles"] > 0 for r in report["runs"])
+
+
 def test_distributed_without_ranks_is_a_one_line_error():
     with pytest.raises(ConfigError, match="mlx.launch"):
         init_group("ring")
