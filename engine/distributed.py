@@ -126,9 +126,10 @@ def check_shardable(model: nn.Module, size: int) -> None:
     args = getattr(model, "language_model", model).args
     names = ["num_attention_heads", "intermediate_size", "linear_num_key_heads",
              "linear_num_value_heads"]
-    if getattr(args, "model_type", "") != "qwen3_5":  # qwen3_5 repeats KV heads as needed
+    qwen3_5 = str(getattr(args, "model_type", "")).startswith("qwen3_5")
+    if not qwen3_5:  # qwen3_5's shard() repeats KV heads when there are fewer than ranks
         names.append("num_key_value_heads")
-    if getattr(args, "model_type", "") == "qwen3_5" and not args.tie_word_embeddings:
+    if qwen3_5 and not args.tie_word_embeddings:
         names.append("vocab_size")  # its output head is sharded by vocabulary rows
     for name in names:
         value = getattr(args, name, None)
