@@ -199,6 +199,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
             verify_in = proposer.propose(staged, size, position)
         else:
             verify_in, q = proposer.propose_sampled(staged, size, position, sampler)
+        (verify_in,) = target.agree(verify_in)  # sharded: rank 0's drafts for every rank
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
 

@@ -51,11 +51,16 @@ class Lockstep:
         return summed.astype(x.dtype)
 
     def agree(self, *values: mx.array) -> tuple[mx.array, ...]:
-        """Rank 0's scalars (int32), in one collective: a data-dependent decision (accepted
-        count, next token) must be the same on every rank even if a near-tie argmax were
-        to differ by rounding."""
-        both = self.broadcast(mx.stack([mx.array(v).astype(mx.int32).reshape(()) for v in values]))
-        return tuple(both[i] for i in range(len(values)))
+        """Rank 0's integer arrays (as int32), in one collective: a data-dependent decision
+        (the drafted tokens, the accepted count, the next token) must be the same on every
+        rank even where a near-tie or a sampled draw differs."""
+        flat = [mx.array(v).astype(mx.int32).reshape(-1) for v in values]
+        joined = self.broadcast(mx.concatenate(flat))
+        bounds = [0]
+        for f in flat:
+            bounds.append(bounds[-1] + f.size)
+        return tuple(joined[a:b].reshape(mx.array(v).shape)
+                     for v, a, b in zip(values, bounds[:-1], bounds[1:], strict=True))
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's non-negative int below 2**40, as base-2**16 digits (exact as float32)."""

@@ -100,8 +100,14 @@ def leader_requests(rt) -> dict:
     resumed = first["ids"] + first["tokens"] + rt.encode(" and again")
     result = rt.generate(resumed, TOKENS, no_eos=True)
     out["resumed"] = {"ids": resumed, "tokens": result.tokens, "cached": result.cached_tokens}
-    sampled = rt.generate(PROMPTS[1], TOKENS, no_eos=True, temperature=0.8, seed=3)
+    # Sampled with no seed: each rank draws its own drafts, and rank 0's are the ones kept,
+    # so the followers cache the conversation under rank 0's tokens and can resume it.
+    sampled = rt.generate(PROMPTS[1], TOKENS, no_eos=True, temperature=0.8)
     out["sampled"] = len(sampled.tokens)
+    after = rt.encode(PROMPTS[1]) + sampled.tokens + rt.encode(" ok")
+    result = rt.generate(after, TOKENS, no_eos=True)
+    out["after_sampled"] = {"ids": after, "tokens": result.tokens,
+                            "cached": result.cached_tokens}
     out["describe"] = rt.describe()
     rt.close_followers()
     return out

@@ -119,6 +119,9 @@ def test_sharded_output_equals_whole_target_greedy(sharded, family):
     assert resumed["cached"] > 0, "the resumed turn did not reuse the cached conversation"
     assert_same_or_near_tie(rt, resumed["ids"], resumed["tokens"], f"{family} resumed")
     assert report["sampled"] == TOKENS
+    after = report["after_sampled"]
+    assert after["cached"] > 0, "the turn after a sampled reply did not reuse its state"
+    assert_same_or_near_tie(rt, after["ids"], after["tokens"], f"{family} after sampling")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -100,8 +100,8 @@ class TargetAdapter:
         return head(hidden) if group is None else gather_last_axis(head(hidden), group)
 
     def agree(self, *values: mx.array) -> tuple[mx.array, ...]:
-        """The cycle's data-dependent scalars as rank 0 has them when sharded (one
-        collective); as they are otherwise."""
+        """The cycle's data-dependent integer arrays (drafts, accepted count, next token) as
+        rank 0 has them when sharded (one collective); as they are otherwise."""
         return values if self.lockstep is None else self.lockstep.agree(*values)
 
     def head_rows(self, ids: mx.array) -> mx.array | None:
@@ -171,8 +171,6 @@ class TargetAdapter:
         A tap of layer l is the output of decoder layer l (before the final norm).
         `last_only` computes logits for the last position only (prefill chunks).
         """
-        if self.lockstep is not None:
-            tokens = self.lockstep.broadcast(tokens)  # rank 0's tokens (its draft's) rule
         h = self.inner.embed_tokens(tokens)
         masks = self._masks(h, cache)
         wanted = set(tap_ids)
