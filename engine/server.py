@@ -691,6 +691,8 @@ def serve_main(argv: list[str]) -> int:
     worker = app.state.server.worker
     # A pair that cannot load ends the server (exit 2) rather than answering 503 forever.
     worker.on_fail = lambda: setattr(server, "should_exit", True)
-    server.run()
-    worker.join(timeout=30)  # a sharded target's followers are released on the engine thread
+    try:
+        server.run()
+    finally:
+        worker.join(timeout=30)  # a sharded target's followers are released on this thread
     return 2 if worker.load_error else 0

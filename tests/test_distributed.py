@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import warnings
 from pathlib import Path
 
@@ -44,9 +46,9 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def launch(argv: list[str], tmp: Path, ranks: int = 2) -> list[subprocess.CompletedProcess]:
+def start_ranks(argv: list[str], tmp: Path, ranks: int = 2) -> list[subprocess.Popen]:
     """Start `ranks` local processes on the ring backend, as `mlx.launch --backend ring`
-    does (a hostfile of 127.0.0.1 ports, MLX_RANK per process); kill all on a timeout."""
+    does (a hostfile of 127.0.0.1 ports, MLX_RANK per process)."""
     hostfile = tmp / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(ranks)]))
     procs = []
@@ -56,6 +58,15 @@ def launch(argv: list[str], tmp: Path, ranks: int = 2) -> list[subprocess.Comple
         procs.append(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
+    return procs
+
+
+def launch(argv: list[str], tmp: Path, ranks: int = 2) -> list[subprocess.CompletedProcess]:
+    """start_ranks, then wait for all; kill all on a timeout (out of lockstep)."""
+    return wait_ranks(start_ranks(argv, tmp, ranks))
+
+
+def wait_ranks(procs: list[subprocess.Popen]) -> list[subprocess.CompletedProcess]:
     done = []
     try:
         for p in procs:
@@ -152,6 +163,52 @@ def test_cli_generate_distributed_prints_the_single_process_reply(tiny_pairs, tm
     assert one.returncode == 0, one.stderr
     assert ranks[0].stdout == one.stdout and ranks[0].stdout.strip()
     assert ranks[1].stdout == ""  # only rank 0 prints
+
+
+def post(port: int, body: dict) -> bytes:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as reply:
+        return reply.read()
+
+
+def test_serve_distributed_answers_on_rank_0_and_releases_the_others(sharded, tiny_pairs,
+                                                                      tmp_path):
+    """`dflash serve --distributed`: rank 0 serves HTTP, rank 1 follows; a client that
+    disconnects mid-stream (sampled) leaves both in step; Ctrl-C on rank 0 ends rank 1."""
+    target, draft = tiny_pairs("qwen3_5")
+    port = free_ports(1)[0]
+    procs = start_ranks([sys.executable, "-m", "engine.cli", "serve", "--model", str(target),
+                         "--draft", str(draft), "--dtype", "float32", "--distributed",
+                         "--port", str(port)], tmp_path)
+    try:
+        for _ in range(TIMEOUT_S):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-2000:]
+                time.sleep(1)
+        messages = [{"role": "user", "content": "Hello"}]
+        first = json.loads(post(port, {"messages": messages, "max_tokens": 20}))
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", headers={
+                "Content-Type": "application/json"}, data=json.dumps({
+                    "messages": messages, "max_tokens": 200, "stream": True,
+                    "temperature": 0.7}).encode())
+        with urllib.request.urlopen(req, timeout=120) as stream:
+            stream.read(200)  # then hang up mid-reply
+        again = json.loads(post(port, {"messages": messages, "max_tokens": 20}))
+    finally:
+        procs[0].send_signal(signal.SIGINT)
+    rank1 = procs[1].communicate(timeout=60)
+    procs[0].communicate(timeout=60)
+    assert procs[1].returncode == 0, rank1[1][-2000:]
+    text = first["choices"][0]["message"]["content"]
+    assert text == sharded[1]["qwen3_5"].generate(messages, 20).text
+    assert again["choices"][0]["message"]["content"] == text
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_gpu_bench_launcher_runs_on_cpu_ring(tmp_path):
