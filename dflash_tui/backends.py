@@ -53,9 +53,10 @@ def user_message(exc: BaseException) -> str:
 
 
 class RealBackend:
-    def __init__(self, max_ctx: int | None = None) -> None:
+    def __init__(self, max_ctx: int | None = None, distributed: str | None = None) -> None:
         self.rt: Any = None
         self.max_ctx = max_ctx  # None: the engine's default
+        self.distributed = distributed  # a backend name: the target is sharded over ranks
 
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
@@ -67,10 +68,21 @@ class RealBackend:
 
         more = {} if self.max_ctx is None else {"max_ctx": self.max_ctx}
         config = DFlashConfig(draft_block_size=block_size or None, **more)
+        if self.distributed:  # the other ranks load the same pair (engine/distributed.py)
+            from engine.distributed import announce_load
+
+            self.rt = None
+            announce_load(model or None, draft or None, config, self.distributed)
         self.rt = DFlashRuntime.from_pretrained(
-            model=model or None, draft=draft or None, config=config, progress=progress
+            model=model or None, draft=draft or None, config=config, progress=progress,
+            distributed=self.distributed or False,
         )
         return dict(self.rt.describe())
+
+    def close(self) -> None:
+        """Let a sharded target's other ranks exit (called once, as the app exits)."""
+        if self.rt is not None:
+            self.rt.close_followers()
 
     def stream(
         self, prompt: list[dict[str, str]], max_tokens: int, block_size: int

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dflash_tui import __version__, config
 
@@ -91,8 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="use a deterministic fake engine (no model, no MLX): for trying "
         "the UI and for screenshots",
     )
+    parser.add_argument(
+        "--distributed",
+        nargs="?",
+        const="any",
+        metavar="BACKEND",
+        help="shard the target over the ranks mlx.launch started (any, ring, jaccl, mpi, "
+        "nccl); the app runs on rank 0, the other ranks follow it (README: sharded targets)",
+    )
     parser.add_argument("--version", action="version", version=f"dflash-chat {__version__}")
     return parser
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher set it (mlx.launch: MLX_RANK; MPI: its own), read
+    without MLX: rank 0 runs the app, whose engine joins the group on its worker thread."""
+    for name in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,11 +145,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-chat: {unwritable(data_dir, exc)}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    backend_factory: Callable[[], Any] = FakeBackend if args.demo else RealBackend
+    if args.distributed and not args.demo:
+        if launched_rank() != 0:  # no screen here: follow rank 0's pairs and replies
+            from engine.distributed import follow
+            from engine.errors import DFlashError
+
+            try:
+                follow(None, args.distributed)
+            except DFlashError as exc:
+                print(f"dflash-chat: {exc}", file=sys.stderr)
+                return 2
+            return 0
+        backends: list[RealBackend] = []
+
+        def backend_factory() -> RealBackend:
+            backends.append(RealBackend(distributed=args.distributed))
+            return backends[-1]
+
+        atexit.register(lambda: [b.close() for b in backends])
     try:
         app = DFlashChatApp(
             model=args.model,
             draft=args.draft,
-            backend_factory=FakeBackend if args.demo else RealBackend,
+            backend_factory=backend_factory,
             data_dir=data_dir,
             conversation_id=args.conversation,
         )

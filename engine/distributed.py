@@ -178,9 +178,42 @@ def load_sharded_target(model_id: str, dtype: str | None, group: mx.distributed.
     return model, tokenizer, model_id
 
 
-def follow(runtime: Any) -> None:
+def follow(runtime: Any, backend: str = "any") -> None:
     """A follower rank's whole life: run each request rank 0 announces, in lockstep, and
-    discard the output; return when rank 0 announces None (its `close_followers`)."""
-    while (request := runtime.lockstep.receive()) is not None:
-        for _ in runtime.stream_generate(request.pop("ids"), **request):
-            pass
+    discard the output; return when rank 0 announces None (its `close_followers`). Rank 0
+    may also clear the conversation cache or load another pair (`announce_load`); `runtime`
+    may be None when rank 0 chooses the first pair at run time (the chat app)."""
+    step = runtime.lockstep if runtime is not None else Lockstep(init_group(backend))
+    while (request := step.receive()) is not None:
+        if "load" in request:
+            runtime = None  # rank 0 drops its pair too: the old one's memory is freed first
+            runtime = _load(request["load"], backend)
+            step = runtime.lockstep if runtime is not None else step
+        elif "clear_cache" in request:
+            runtime.clear_cache()
+        else:
+            for _ in runtime.stream_generate(request.pop("ids"), **request):
+                pass
+
+
+def announce_load(model: str | None, draft: str | None, config: Any,
+                  backend: str = "any") -> None:
+    """Rank 0, before it loads a pair with distributed=`backend`: the followers in `follow`
+    load the same pair (a pair that fails to load fails on every rank alike)."""
+    from dataclasses import asdict
+
+    Lockstep(init_group(backend)).announce(
+        {"load": {"model": model, "draft": draft, "config": asdict(config)}})
+
+
+def _load(spec: dict, backend: str) -> Any:
+    from .config import DFlashConfig
+    from .errors import DFlashError
+    from .runtime import DFlashRuntime
+
+    try:
+        return DFlashRuntime.from_pretrained(model=spec["model"], draft=spec["draft"],
+                                             config=DFlashConfig(**spec["config"]),
+                                             distributed=backend)
+    except DFlashError:
+        return None  # rank 0 fails on the same files and shows the error; wait for the next

@@ -67,6 +67,8 @@ class DFlashRuntime:
 
     def clear_cache(self) -> None:
         """Forget every cached conversation state (the next request prefills in full)."""
+        if self.lockstep is not None and self.lockstep.leader:
+            self.lockstep.announce({"clear_cache": True})  # the followers' caches too
         self.prompt_cache.clear()
 
     @classmethod

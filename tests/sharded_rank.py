@@ -113,6 +113,33 @@ def leader_requests(rt) -> dict:
     return out
 
 
+def chat_app(pairs: Path, out_dir: Path, families: list[str]) -> None:
+    """The chat app's engine side: rank 0 drives dflash_tui's RealBackend (it loads one
+    pair, then switches to the next, and clears the conversation cache); the other ranks run
+    `follow(None)`, loading whatever rank 0 announces."""
+    import os
+
+    from dflash_tui.backends import RealBackend
+    from engine.events import Finished
+
+    if os.environ["MLX_RANK"] != "0":
+        follow(None, "ring")
+        return
+    backend, report = RealBackend(distributed="ring"), {}
+    messages = [{"role": "user", "content": "Hello"}]
+    for family in families:
+        backend.load(str(pairs / f"tiny-{family}"), str(pairs / f"tiny-{family}-dflash"), 0,
+                     lambda message, fraction: None)
+        replies = []
+        for _ in range(2):
+            events = list(backend.stream(messages, TOKENS, 0))
+            replies.append(next(e.result.tokens for e in events if isinstance(e, Finished)))
+            backend.rt.clear_cache()
+        report[family] = {"ids": backend.rt.encode(messages), "replies": replies}
+    backend.close()
+    (out_dir / "chat.json").write_text(json.dumps(report))
+
+
 def main(pairs: Path, out_dir: Path, families: list[str]) -> None:
     report = {}
     rank = None
@@ -131,4 +158,7 @@ def main(pairs: Path, out_dir: Path, families: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1] == "--chat":
+        chat_app(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])
+    else:
+        main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])

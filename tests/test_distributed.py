@@ -224,6 +224,22 @@ def test_gpu_bench_launcher_runs_on_cpu_ring(tmp_path):
     assert all(r["token_match"] and r["dflash"]["cycles"] > 0 for r in report["runs"])
 
 
+def test_chat_app_backend_switches_pairs_on_every_rank(sharded, tiny_pairs, tmp_path):
+    """dflash-chat --distributed's engine side: rank 0's RealBackend loads a pair, replies,
+    clears the conversation cache, then loads another pair; the followers load whatever rank
+    0 announces. Replies equal the whole target's greedy output."""
+    for family in ("llama", "qwen3_5"):
+        tiny_pairs(family)
+    pairs = tiny_pairs("llama")[0].parent
+    launch([sys.executable, str(RANK_SCRIPT), "--chat", str(pairs), str(tmp_path), "llama",
+            "qwen3_5"], tmp_path)
+    report = json.loads((tmp_path / "chat.json").read_text())
+    for family, got in report.items():
+        first, second = got["replies"]
+        assert first == second
+        assert_same_or_near_tie(sharded[1][family], got["ids"], first, f"{family} chat")
+
+
 def test_distributed_without_ranks_is_a_one_line_error():
     with pytest.raises(ConfigError, match="mlx.launch"):
         init_group("ring")
