@@ -207,9 +207,8 @@ def announce_load(model: str | None, draft: str | None, config: Any,
 
 
 def _load(spec: dict, backend: str) -> Any:
-    from .config import DFlashConfig
+    from . import DFlashConfig, DFlashRuntime  # the package's lazy names: no import cycle
     from .errors import DFlashError
-    from .runtime import DFlashRuntime
 
     try:
         return DFlashRuntime.from_pretrained(model=spec["model"], draft=spec["draft"],
