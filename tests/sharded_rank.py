@@ -5,7 +5,8 @@ Per family, every rank loads the tiny pair with `distributed=True` and runs, in 
 an oracle proposer at several accept lengths (each rank checks its own shard's caches
 against a plain prefill: rollback on this rank's heads), then rank 0 serves runtime requests
 (speculative, plain, a cancelled stream, a resumed conversation, a sampled reply) while the
-others `follow`. Each rank writes OUT_DIR/rank-N.json.
+others `follow`. Each rank writes OUT_DIR/rank-N.json. Then the chat app's engine side
+(`chat_app`), whose pairs rank 0 announces: OUT_DIR/chat.json.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PROMPTS = ["Hello world", "def add(a, b):"]
 TOKENS = 24
 ORACLE_TOKENS = 34
 ERROR_AT = (0, 3, 15, 16)  # oracle drafts wrong from this slot on (16: all right)
+CHAT_FAMILIES = ("llama", "qwen3_5")  # the chat app's pairs, loaded one after the other
 
 
 class Oracle(DraftProposer):
@@ -155,10 +157,8 @@ def main(pairs: Path, out_dir: Path, families: list[str]) -> None:
             follow(rt)
         print(f"rank {rank}: {family} done", file=sys.stderr, flush=True)
     (out_dir / f"rank-{rank}.json").write_text(json.dumps(report))
+    chat_app(pairs, out_dir, [f for f in families if f in CHAT_FAMILIES])
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--chat":
-        chat_app(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])
-    else:
-        main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])

@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
-from sharded_rank import ERROR_AT, ORACLE_TOKENS, TOKENS
+from sharded_rank import CHAT_FAMILIES, ERROR_AT, ORACLE_TOKENS, TOKENS
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.distributed import Lockstep, check_shardable, init_group
@@ -86,12 +86,14 @@ def wait_ranks(procs: list[subprocess.Popen]) -> list[subprocess.CompletedProces
 
 @pytest.fixture(scope="module")
 def sharded(tiny_pairs, tmp_path_factory):
-    """-> (per-rank reports, family -> single-process runtime)."""
+    """-> (rank 0's and rank 1's reports and the chat app's, family -> single-process
+    runtime)."""
     dirs = {f: tiny_pairs(f) for f in FAMILIES}
     pairs = dirs["llama"][0].parent
     out = tmp_path_factory.mktemp("ranks")
     launch([sys.executable, str(RANK_SCRIPT), str(pairs), str(out), *FAMILIES], out)
     reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    reports.append(json.loads((out / "chat.json").read_text()))
     whole = {f: DFlashRuntime.from_pretrained(model=str(t), draft=str(d),
                                               config=DFlashConfig(dtype="float32"))
              for f, (t, d) in dirs.items()}
@@ -224,20 +226,18 @@ def test_gpu_bench_launcher_runs_on_cpu_ring(tmp_path):
     assert all(r["token_match"] and r["dflash"]["cycles"] > 0 for r in report["runs"])
 
 
-def test_chat_app_backend_switches_pairs_on_every_rank(sharded, tiny_pairs, tmp_path):
-    """dflash-chat --distributed's engine side: rank 0's RealBackend loads a pair, replies,
-    clears the conversation cache, then loads another pair; the followers load whatever rank
-    0 announces. Replies equal the whole target's greedy output."""
-    for family in ("llama", "qwen3_5"):
-        tiny_pairs(family)
-    pairs = tiny_pairs("llama")[0].parent
-    launch([sys.executable, str(RANK_SCRIPT), "--chat", str(pairs), str(tmp_path), "llama",
-            "qwen3_5"], tmp_path)
-    report = json.loads((tmp_path / "chat.json").read_text())
+def test_chat_app_backend_switches_pairs_on_every_rank(sharded):
+    """dflash-chat --distributed's engine side (sharded_rank.chat_app): rank 0's RealBackend
+    loads a pair, replies, clears the conversation cache, replies again, then loads another
+    pair; the followers load whatever rank 0 announces. Replies equal the whole target's
+    greedy output."""
+    reports, whole = sharded
+    report = reports[2]
+    assert sorted(report) == sorted(CHAT_FAMILIES)
     for family, got in report.items():
         first, second = got["replies"]
         assert first == second
-        assert_same_or_near_tie(sharded[1][family], got["ids"], first, f"{family} chat")
+        assert_same_or_near_tie(whole[family], got["ids"], first, f"{family} chat")
 
 
 def test_distributed_without_ranks_is_a_one_line_error():
