@@ -234,4 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.errors import DFlashError
+
+    try:
+        sys.exit(main())
+    except DFlashError as exc:  # no group, unshardable shape: one line
+        print(f"sharded_bench: {exc}", file=sys.stderr)
+        sys.exit(2)
