@@ -245,3 +245,11 @@ def test_sampling_defaults_in_the_config_file_are_checked(tmp_path):
     config.save_settings(settings, path)
     loaded, problem = config.load_settings(path)
     assert problem is None and loaded == settings  # None (no seed) survives a save
+
+
+def test_dflash_chat_sampling_flags_are_checked_before_the_app_starts(capsys):
+    from dflash_tui.cli import main
+
+    assert main(["--demo", "--temperature", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "dflash-chat: temperature=-1.0 is invalid. Fix: use 0 (greedy) or more."
