@@ -149,6 +149,7 @@ class ChatScreen(Screen):
     def show_settings(self, chat: ChatSettings) -> None:
         """Show the settings the next reply uses (the app calls this when they change)."""
         self.query_one(StatsSidebar).set_sampling(chat)
+        self.query_one(SpeedLine).set_temperature(chat.temperature)
 
     # sending --------------------------------------------------------------------------------
 

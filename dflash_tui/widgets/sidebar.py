@@ -248,5 +248,14 @@ class SpeedLine(Static):
     SpeedLine { height: 1; padding: 0 1; background: $boost; color: $text-muted; display: none; }
     """
 
+    temperature = 0.0  # shown when sampling: the sidebar that says it may be hidden
+    stats: Any = None
+
     def show_stats(self, stats: Any) -> None:
-        self.update(speed_line(stats))
+        self.stats = stats
+        note = f" · temperature {self.temperature:g}" if self.temperature else ""
+        self.update(speed_line(stats) + note)
+
+    def set_temperature(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.show_stats(self.stats)

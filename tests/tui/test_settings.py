@@ -73,6 +73,8 @@ async def test_settings_edit_is_saved_shown_and_sent_with_every_turn(make_app):
         shown = sidebar_sampling(app)
         for part in ("temperature 0.7", "top_p 0.9", "top_k 40", "min_p 0.05", "seed 3"):
             assert part in shown, shown
+        # Compact mode hides the sidebar: the speed line still says it samples.
+        assert "temperature 0.7" in str(app.chat.query_one("#speed").render())
         await send(pilot, "second")
         await wait_for(pilot, lambda: reply_done(app))
         assert jobs[-1].sampling == SAMPLED  # the engine got this conversation's settings
