@@ -221,7 +221,8 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
                    ) -> dict[int, list[int]]:
     """Answers to `prompts` through one `RunningBatch` of up to `width` rows, prompts taken in
     `order` (default: as given); refills once a quarter of the rows have ended. With
-    `seconds`, stops taking new prompts after it and finishes the rows it holds.
+    `seconds`, stops there: the rows in flight give their answers so far (a prefix of the
+    target's answer is still its answer), so no tail of ever fewer rows runs on.
     -> {prompt index: answer}."""
     batch = RunningBatch(model, max_new, eos, width, temperature, stop_loops, prefill_tokens)
     queue = list(range(len(prompts))) if order is None else list(order)
@@ -229,7 +230,8 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
     start = time.perf_counter()
     while queue or batch.rows:
         if seconds is not None and time.perf_counter() - start > seconds:
-            queue = []
+            answers.update(zip(batch.rows, batch.out))
+            break
         if queue and len(batch.rows) <= width * 3 // 4:
             batch.fill(queue, prompts)
         done = batch.step(refill_every)
