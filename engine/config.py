@@ -40,8 +40,14 @@ class DFlashConfig:
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
     prefill_chunk: int = 512
-    # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
-    # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
+    # Numerics policy. None: on GPUs and Metal the target runs as its checkpoint stores it
+    # (an MLX checkpoint's bf16 or 4-bit weights as mlx_lm.load gives them; the SmolLM2 GGUF's
+    # Q4_1/Q8_0 blocks as MLX affine 4/8-bit layers, float16 activations like its scales);
+    # on the CPU it runs float32, the fast dtype there (quantized layers dequantized).
+    # "float32" | "bfloat16" | "float16" overrides that: every float weight in that dtype
+    # (quantized ones dequantized). The benchmark's baseline always runs the same weights.
+    # Lossless: every token is the target's argmax as the verify forward computes it; fp32
+    # output is bit-identical to plain decoding, lower precision may flip near-ties.
     dtype: str | None = None
     # Bytes of recent conversation states (target + draft caches) kept for reuse across turns;
     # "auto": an eighth of the machine's memory, at most 8 GiB; 0 turns reuse off.
@@ -114,8 +120,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="target dtype (default: the checkpoint's own; the GGUF target: "
-                        "float32, the fast one on CPU)")
+                   help="target dtype, weights dequantized (default: the checkpoint's own "
+                        "precision on a GPU, e.g. the GGUF's 4-bit blocks; float32 on CPU)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
