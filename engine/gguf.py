@@ -199,10 +199,7 @@ def load_weights(path: Path, types: dict[str, int], args: dict[str, Any], dtype:
     scales and biases in `dtype`; otherwise every weight is dequantized to `dtype`."""
     unknown = sorted({t for t in types.values() if t not in MLX_TYPES})
     try:
-        if unknown:
-            raw = _load_with_gguf(path, types)
-        else:
-            raw = _load_with_mlx(path, types, quantized)
+        raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types, quantized)
     except (ValueError, RuntimeError, OSError, KeyError, IndexError) as exc:
         # A truncated or damaged file: mx.load says e.g. "Tensor ... extends past the end".
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
