@@ -26,9 +26,11 @@ class DFlashConfig:
     draft_block_size: int | None = None
     # Verify drafts only up to the first one the draft gives less than this probability
     # (0 < p <= 1; None verifies the whole block): a verify's cost grows with its length, and
-    # a run rarely survives a draft the draft itself doubts. Lossless either way. "auto":
-    # DEFAULT_MIN_CONFIDENCE on every backend (benchmarks/ and the README: faster on the CPU
-    # and the H200 with the SmolLM2 pair; Metal unmeasured).
+    # a run rarely survives a draft the draft itself doubts. Lossless either way. The cut
+    # costs a second host sync per cycle (the verify's length is read back before it runs).
+    # "auto": DEFAULT_MIN_CONFIDENCE on the CPU, where a forward's cost grows with its length
+    # and a sync is cheap; whole blocks on GPUs and Metal, where a 16-token forward at
+    # checkpoint precision costs little more than a 1-token one and a cycle syncs once.
     min_draft_confidence: float | str | None = "auto"
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
@@ -88,10 +90,10 @@ class DFlashConfig:
         if pc != "auto" and (not isinstance(pc, int) or isinstance(pc, bool) or pc < 0):
             raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
 
-    def min_confidence(self) -> float | None:
-        """The verify cut, "auto" resolved (the same on every backend)."""
+    def min_confidence(self, backend: str = "cpu") -> float | None:
+        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
         if self.min_draft_confidence == "auto":
-            return DEFAULT_MIN_CONFIDENCE
+            return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
         return self.min_draft_confidence  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
@@ -111,7 +113,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "dflash-mlx's name)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
                    help="verify drafts only up to the first the draft gives probability < P; "
-                        "'auto' (default): 0.4; 'off': whole blocks")
+                        "'auto' (default): 0.4 on CPU, whole blocks on GPUs; 'off': whole "
+                        "blocks")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "

@@ -41,7 +41,7 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.target.warm_up()  # native kernels compile here, not mid-reply
-        self.min_confidence = self.config.min_confidence()
+        self.min_confidence = self.config.min_confidence(device.current())
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
