@@ -13,7 +13,7 @@ from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
 from .draft import DFlashDraft
-from .draft_head import build_draft_head
+from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .loading import Progress, load_draft, load_target
@@ -159,13 +159,18 @@ class DFlashRuntime:
         reuse.append(state)
         return state
 
+    def make_proposer(self, head: DraftHead, draft_cache: list[Any]) -> DraftProposer:
+        """The cycle's proposer: the draft with its output head, verify cut and context cache.
+        The oracle cost benchmark (`dflash benchmark --oracle-tokens-per-cycle`) puts its own
+        proposer here."""
+        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache)
+
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState]) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
-        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence,
-                                 state.draft_cache)
+        proposer = self.make_proposer(head, state.draft_cache)
         todo = ids[state.cached:]
         if state.recurrent:
             # Recurrent states cannot be cut back: prefill up to the last prompt token and
