@@ -1,6 +1,6 @@
 """Where a speculative cycle's time goes on a GPU, per precision (issue #13).
 
-    OUT=/tmp/out timeout 300 python scripts/gpu_cycle_probe.py  # the H200 run: about 3 min
+    OUT=/tmp/out timeout 300 python scripts/gpu_cycle_probe.py  # the H200 run: ~3 minutes
     python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
@@ -15,8 +15,9 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
   cycle    the real pair through DFlashRuntime per precision: per-phase device times
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
-  nocudnn  (CUDA, or --child-test) sdpa and the bf16/checkpoint cycles again in a child process
-           with MLX_CUDA_USE_CUDNN_SDPA=0.
+  children (CUDA, or --child-test) the same again in a child process per --child-envs entry
+           (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (sdpa
+           and the bf16/checkpoint cycles) and MLX_USE_CUDA_GRAPHS=0 (the bf16 cycle).
 Precisions: float32, bfloat16, float16 (weights dequantized to that dtype), checkpoint (the
 default policy: the GGUF's 4-bit blocks with float16 activations on a GPU, float32 on CPU),
 q-bfloat16 (the GGUF's 4-bit blocks with bfloat16 activations; the offline SmolLM2 only).
@@ -45,6 +46,7 @@ import mlx.core as mx  # noqa: E402,I001
 PROMPTS = ["Write a Python function that checks whether a number is prime, and explain it.",
            "Tom has 3 boxes with 12 apples each. He gives away 7 apples. How many are left?"]
 START = time.perf_counter()
+SAVE: list[Callable[[], None]] = []  # writes the report so far (a killed run keeps its parts)
 
 
 def left(budget: float) -> float:
@@ -80,6 +82,8 @@ def guarded(out: dict, key: str, budget: float, fn: Callable[..., Any], *args: A
                     "traceback": traceback.format_exc()[-2000:]}
     print(f"[{time.perf_counter() - START:6.1f}s] {key} done in "
           f"{time.perf_counter() - began:.1f}s", flush=True)
+    for save in SAVE:
+        save()
 
 
 # -- sdpa -----------------------------------------------------------------------------------
@@ -247,22 +251,24 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
 
 
 # -- main -----------------------------------------------------------------------------------
-def child(args: argparse.Namespace, budget: float) -> dict:
-    """The sdpa and cycle parts again in a child process with cuDNN's SDPA off."""
+def child(args: argparse.Namespace, budget: float, setting: str, parts: str,
+          precisions: str) -> dict:
+    """Parts of the probe again in a child process with `setting` (KEY=VALUE,...) in its
+    environment."""
+    extra = dict(item.split("=", 1) for item in setting.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "child.json"
         cmd = [sys.executable, __file__, "--out", str(path), "--budget",
-               str(max(int(budget), 10)), "--parts", "sdpa,cycle",
-               "--precisions", "bfloat16,checkpoint", "--child"]
+               str(max(int(budget), 10)), "--parts", parts, "--precisions", precisions,
+               "--child"]
         cmd += ["--small"] if args.small else []
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--draft", args.draft] if args.draft else []
-        env = {**os.environ, "MLX_CUDA_USE_CUDNN_SDPA": "0"}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=budget + 60)
+        proc = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True,
+                              text=True, timeout=budget + 90)
         result = json.loads(path.read_text()) if path.is_file() else {}
-        return {"env": {"MLX_CUDA_USE_CUDNN_SDPA": "0"}, "rc": proc.returncode,
-                "stderr_tail": proc.stderr[-1500:], "result": result}
+        return {"env": extra, "rc": proc.returncode, "stderr_tail": proc.stderr[-1500:],
+                "result": result}
 
 
 def main() -> int:
@@ -271,9 +277,15 @@ def main() -> int:
     p.add_argument("--model", help="target (default: the offline SmolLM2 GGUF)")
     p.add_argument("--draft", help="draft (default: the registered one)")
     p.add_argument("--precisions", default="checkpoint,bfloat16,float32,q-bfloat16,float16")
-    p.add_argument("--parts", default="sdpa,forward,cycle,nocudnn")
-    p.add_argument("--budget", type=float, default=180,
-                   help="seconds for all parts (a part that started may run over)")
+    p.add_argument("--parts", default="sdpa,forward,cycle,children")
+    p.add_argument("--budget", type=float, default=100,
+                   help="seconds for the parts in this process (one that started may run "
+                        "over); each child gets --child-budget more")
+    p.add_argument("--child-envs",
+                   default="MLX_CUDA_USE_CUDNN_SDPA=0:sdpa,cycle:bfloat16,checkpoint;"
+                           "MLX_USE_CUDA_GRAPHS=0:cycle:bfloat16",
+                   help="ENV=V[,ENV=V]:parts:precisions, ';'-separated")
+    p.add_argument("--child-budget", type=float, default=30)
     p.add_argument("--small", action="store_true", help="CPU sizes: few iterations, tokens")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-test", action="store_true",
@@ -287,12 +299,19 @@ def main() -> int:
     parts = set(args.parts.split(","))
     iters = 6 if args.small else 40
     max_tokens = 24 if args.small else 96
-    budget = args.budget - (60 if "nocudnn" in parts else 0)  # keep time for the child
+    budget = args.budget
     report: dict = {"command": " ".join(sys.argv), "backend": backend, **environment(),
                     "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")},
                     "settings": {"iters": iters, "max_tokens": max_tokens, "small": args.small,
                                  "budget_s": args.budget}}
     precisions = args.precisions.split(",")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        report["elapsed_s"] = time.perf_counter() - START
+        out_path.write_text(json.dumps(report, indent=1, default=str))
+
+    SAVE.append(save)
     if "sdpa" in parts:
         dtypes = ["float32", "bfloat16", "float16"]
         # SmolLM2's attention: 9 query heads, 3 KV heads, head dim 64 (target and draft).
@@ -319,11 +338,13 @@ def main() -> int:
             guarded(row, "cycle", budget, cycle_part, rt, max_tokens, PROMPTS[:1])
         rt = None
         mx.clear_cache()
-    if "nocudnn" in parts and not args.child and (backend == "cuda" or args.child_test):
-        guarded(report, "nocudnn", args.budget + 60, child, args, max(left(args.budget), 45))
-    report["elapsed_s"] = time.perf_counter() - START
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=1, default=str))
+    if "children" in parts and not args.child and (backend == "cuda" or args.child_test):
+        report["children"] = {}
+        for spec in filter(None, args.child_envs.split(";")):
+            setting, child_parts, child_precisions = spec.split(":")
+            guarded(report["children"], setting, float("inf"), child, args,
+                    args.child_budget, setting, child_parts, child_precisions)
+    save()
     print(f"wrote {out_path} ({report['elapsed_s']:.0f}s)")
     return 0
 
