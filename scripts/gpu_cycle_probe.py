@@ -221,7 +221,9 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
     for n, ids in enumerate(encoded):
         base = run_baseline(rt.model, ids, max_tokens, rt.config.prefill_chunk)
         row: dict = {"prompt_tokens": len(ids),
-                     "baseline_decode_tok_s": base.decode_tokens_per_second}
+                     "baseline_decode_tok_s": base.decode_tokens_per_second,
+                     # a sanity check of the precision: readable text, not an overflow's
+                     "baseline_text": rt.tokenizer.decode(base.tokens[:40])}
         for label, cut in (("wholeblock", None), ("cut0.4", 0.4)):
             rt.min_confidence = cut
             walls, last, result = [], None, None
