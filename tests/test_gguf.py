@@ -253,3 +253,15 @@ def test_smollm2_answers_paris():
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert "Paris" in generate(model, tok, prompt=prompt, max_tokens=12)
+
+
+@pytest.mark.slow
+def test_smollm2_checkpoint_precision_is_the_dequantized_model():
+    # The real file's Q4_1/Q8_0 blocks as MLX affine layers (fp32 activations here, so only
+    # the summation order differs from the dequantized model).
+    path = smollm2_or_skip()
+    dense, tok = eg.load_gguf_target(path, "float32")
+    packed, _ = eg.load_gguf_target(path, "float32", quantized=True)
+    assert {packed.model.layers[0].mlp.up_proj.bits, packed.model.embed_tokens.bits} == {4, 8}
+    ids = mx.array([tok.encode("The capital of France is")])
+    assert mx.abs(dense(ids) - packed(ids)).max().item() < 1e-3
