@@ -72,11 +72,6 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
 
 
 # -- target -------------------------------------------------------------------------------
-def pick_dtype(requested: str | None) -> mx.Dtype | None:
-    """The dtype asked for, or None: keep the checkpoint's own, exactly as mlx-lm loads it."""
-    return getattr(mx, requested) if requested is not None else None
-
-
 def checkpoint_precision(requested: str | None, backend: str | None = None) -> bool:
     """The numerics policy: with no dtype asked for, GPUs and Metal run the target as its
     checkpoint stores it (bf16, 4-bit; the SmolLM2 GGUF's Q4_1/Q8_0 blocks as MLX affine
@@ -89,10 +84,20 @@ def checkpoint_precision(requested: str | None, backend: str | None = None) -> b
     return (backend or current()) != "cpu"
 
 
+def quantization(model: nn.Module) -> dict | None:
+    """How a loaded model's quantized layers store their weights (None: none is)."""
+    layers = [m for _, m in model.named_modules()
+              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    if not layers:
+        return None
+    return {"layers": len(layers), "bits": sorted({m.bits for m in layers}),
+            "group_size": sorted({m.group_size for m in layers}),
+            "mode": sorted({m.mode for m in layers})}
+
+
 def dequantize_floats(model: nn.Module, dtype: mx.Dtype) -> None:
     """Quantized layers back to dense ones, every float parameter in `dtype`."""
-    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-           for _, m in model.named_modules()):
+    if quantization(model):
         from mlx_lm.utils import dequantize_model
 
         dequantize_model(model)
@@ -142,10 +147,8 @@ def load_target(model_id: str, dtype: str | None = None, progress: Progress | No
         raise UnsupportedModel(
             f"mlx-lm could not load {model_id} ({detail}). Fix: pass an mlx-lm compatible model."
         ) from exc
-    if dtype is None and not as_stored:
-        dequantize_floats(model, mx.float32)  # the CPU: fp32
-    else:
-        cast_floats(model, pick_dtype(dtype))
+    if not as_stored:  # the CPU's float32, or the dtype asked for
+        dequantize_floats(model, getattr(mx, dtype or "float32"))
     return model, tokenizer, model_id
 
 

@@ -16,7 +16,7 @@ from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target
+from .loading import Progress, load_draft, load_target, quantization
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -106,6 +106,7 @@ class DFlashRuntime:
             "draft": self.draft_id,
             "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
+            "quantization": quantization(self.model),  # None: plain float weights
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "max_ctx": self.config.max_ctx,
