@@ -14,6 +14,11 @@ from typing import Any
 # former in TF32 (its default on CUDA and M5 GPUs), which flips near-ties and breaks the
 # token-for-token equality with greedy decoding. Full fp32 unless the user chose otherwise.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
+# On CUDA, MLX runs bf16/fp16 attention with a multi-token query through cuDNN, whose graphs
+# are built and cached per (query, key) shape and strides; a speculative cycle has a new key
+# length every time (target verify and draft alike), so every cycle would pay graph builds.
+# MLX's own kernels handle any shape without a build. Read once, at MLX's first attention.
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
 
 from .blas import load as _load_blas
 from .errors import DFlashError

@@ -16,8 +16,10 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
   children (CUDA, or --child-test) the same again in a child process per --child-envs entry
-           (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (sdpa
-           and the bf16/checkpoint cycles) and MLX_USE_CUDA_GRAPHS=0 (the bf16 cycle).
+           (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (the
+           engine's default since issue 13: sdpa and the bf16/checkpoint cycles) and
+           MLX_USE_CUDA_GRAPHS=0 (the bf16 cycle). This process runs with cuDNN SDPA on
+           (MLX's default) unless the environment says otherwise.
 Precisions: float32, bfloat16, float16 (weights dequantized to that dtype), checkpoint (the
 default policy: the GGUF's 4-bit blocks with float16 activations on a GPU, float32 on CPU),
 q-bfloat16 (the GGUF's 4-bit blocks with bfloat16 activations; the offline SmolLM2 only).
@@ -39,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# This process measures MLX's own defaults (the engine turns cuDNN SDPA off on import);
+# the children measure each setting of --child-envs.
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "1")
 
 import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS)
 import mlx.core as mx  # noqa: E402,I001

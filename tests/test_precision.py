@@ -65,3 +65,11 @@ def test_runtime_describes_its_weights(quantized_folder, tiny_pairs):
     rt = DFlashRuntime.from_pretrained(str(quantized_folder), str(draft),
                                        DFlashConfig(dtype="float32"))
     assert rt.describe()["dtype"] == "float32" and rt.describe()["quantization"] is None
+
+
+def test_engine_turns_cudnn_attention_off_unless_told():
+    import os
+
+    import engine  # noqa: F401  (sets it on import, before MLX's first attention)
+
+    assert os.environ.get("MLX_CUDA_USE_CUDNN_SDPA") in ("0", "1")
