@@ -69,7 +69,15 @@ def test_runtime_describes_its_weights(quantized_folder, tiny_pairs):
 
 def test_engine_turns_cudnn_attention_off_unless_told():
     import os
+    import subprocess
+    import sys
 
-    import engine  # noqa: F401  (sets it on import, before MLX's first attention)
-
-    assert os.environ.get("MLX_CUDA_USE_CUDNN_SDPA") in ("0", "1")
+    code = "import os, engine; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'])"
+    env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True)
+    assert run.stdout.strip() == "0"
+    env["MLX_CUDA_USE_CUDNN_SDPA"] = "1"  # the user's own setting wins
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True)
+    assert run.stdout.strip() == "1"
