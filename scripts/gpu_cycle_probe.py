@@ -1,6 +1,6 @@
 """Where a speculative cycle's time goes on a GPU, per precision (issue #13).
 
-    OUT=/tmp/out timeout 300 python scripts/gpu_cycle_probe.py  # the H200 run: ~3 minutes
+    OUT=/tmp/out timeout 300 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
     python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
@@ -292,7 +292,7 @@ def main() -> int:
                    default="MLX_CUDA_USE_CUDNN_SDPA=0:sdpa,cycle:bfloat16,checkpoint;"
                            "MLX_USE_CUDA_GRAPHS=0:cycle:bfloat16",
                    help="ENV=V[,ENV=V]:parts:precisions, ';'-separated")
-    p.add_argument("--child-budget", type=float, default=30)
+    p.add_argument("--child-budget", type=float, default=40)
     p.add_argument("--small", action="store_true", help="CPU sizes: few iterations, tokens")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-test", action="store_true",
