@@ -1,6 +1,6 @@
 """Where a speculative cycle's time goes on a GPU, per precision (issue #13).
 
-    OUT=/tmp/out timeout 300 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
+    OUT=/tmp/out timeout 360 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
     python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
