@@ -146,22 +146,3 @@ def test_ui_facing_modules_load_no_mlx():
                          cwd=ENGINE.parent, check=True)
     assert [m for m in json.loads(run.stdout) if is_under(m, ("mlx", "mlx_lm"))] == []
 
-
-def test_engine_keeps_gpu_attention_off_per_shape_plans_unless_the_user_chose():
-    """Importing the engine turns MLX's per-shape cuDNN attention plans off (a plan build every
-    cycle on CUDA in bf16) and TF32 off, but never overrides a choice already in the
-    environment."""
-    import os
-    import subprocess
-    import sys
-
-    probe = ("import os, engine; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'], "
-             "os.environ['MLX_CUDA_USE_CUDNN_SPDA'], os.environ['MLX_ENABLE_TF32'])")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_CUDA_USE_CUDNN",
-                                                                      "MLX_ENABLE_TF32"))}
-    env = {**base, "DFLASH_BLAS": "off"}
-    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    assert run.stdout.split() == ["0", "0", "0"], run.stderr
-    chosen = {**env, "MLX_CUDA_USE_CUDNN_SDPA": "1", "MLX_ENABLE_TF32": "1"}
-    run = subprocess.run([sys.executable, "-c", probe], env=chosen, capture_output=True, text=True)
-    assert run.stdout.split() == ["1", "0", "1"], run.stderr

@@ -72,12 +72,13 @@ def test_engine_turns_cudnn_attention_off_unless_told():
     import subprocess
     import sys
 
-    code = "import os, engine; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'])"
-    env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
+    code = ("import os, engine; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'], "
+            "os.environ['MLX_CUDA_USE_CUDNN_SPDA'])")  # both spellings MLX has used
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_CUDA_USE_CUDNN")}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True)
-    assert run.stdout.strip() == "0"
+    assert run.stdout.split() == ["0", "0"]
     env["MLX_CUDA_USE_CUDNN_SDPA"] = "1"  # the user's own setting wins
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True)
-    assert run.stdout.strip() == "1"
+    assert run.stdout.split() == ["1", "0"]
