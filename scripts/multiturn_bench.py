@@ -83,31 +83,67 @@ def two_turn(rt, questions: list[dict], max_tokens: int, probe_tokens: int) -> d
 
 def long_conversation(rt, questions: list[dict], turns: int, target_tokens: int,
                       max_tokens: int) -> dict:
+    """Turns until the conversation holds `target_tokens` (at least `turns` turns). Each turn
+    also times its prefilled tokens alone (the same ids, no history, no cache): the gap is
+    what attending to the history costs the new tokens; the reuse itself reads nothing."""
+    from dataclasses import replace
+
+    from engine.runtime import DFlashRuntime
+
+    bare = DFlashRuntime(rt.model, rt.tokenizer, rt.draft,
+                         replace(rt.config, prompt_cache_bytes=0), rt.target_id, rt.draft_id,
+                         rt.target, rt.token_ranking)
     rt.clear_cache()
     messages: list[dict] = []
     rows = []
     for i in range(turns * 3):  # short answers: more turns until the conversation is long
         messages.append({"role": "user", "content": questions[i % len(questions)]["turns"][0]})
-        result = rt.generate(messages, max_tokens=max_tokens)
-        rows.append({"turn": i + 1, "prompt_tokens": result.prompt_tokens,
-                     "cached_tokens": result.cached_tokens,
-                     "prefilled_tokens": result.prompt_tokens - result.cached_tokens,
-                     "ttft_s": result.ttft_s, "reply_tokens": result.total_tokens})
+        ids = rt.encode(messages)
+        # the tokens the most recent state holds: the previous prompt and reply as generated
+        held = rt.prompt_cache.tokens()[-1] if len(rt.prompt_cache) else []
+        result = rt.generate(ids, max_tokens=max_tokens)
+        new = ids[result.cached_tokens:]
+        alone = bare.generate(new, max_tokens=1)
+        rows.append({
+            "turn": i + 1, "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+            "prefilled_tokens": len(new),
+            # how much of the held state the re-rendered prompt repeats token for token (a
+            # reply that tokenizes differently once re-rendered would cut the reuse short)
+            "history_tokens": len(held), "history_matching": _common(held, ids),
+            "ttft_s": result.ttft_s, "ttft_prefilled_alone_s": alone.ttft_s,
+            "reply_tokens": len(result.tokens), "finish_reason": result.finish_reason,
+        })
         print(f"turn {i + 1}: {result.prompt_tokens} prompt tokens ({result.cached_tokens} "
-              f"cached), ttft {result.ttft_s * 1000:.0f} ms", file=sys.stderr)
+              f"cached), ttft {result.ttft_s * 1000:.0f} ms; its {len(new)} new tokens alone "
+              f"{alone.ttft_s * 1000:.0f} ms", file=sys.stderr)
         messages.append({"role": "assistant", "content": result.text})
-        if i + 1 >= turns and result.prompt_tokens + result.total_tokens >= target_tokens:
+        if i + 1 >= turns and result.prompt_tokens + len(result.tokens) >= target_tokens:
             break
-    last = messages[:-1]  # the last turn's prompt again, fresh
     rt.clear_cache()
-    fresh = rt.generate(last, max_tokens=4)
-    ratio = rows[-1]["ttft_s"] / rows[0]["ttft_s"]
+    fresh = rt.generate(messages[:-1], max_tokens=4)  # the last turn's prompt again, fresh
+    first, last = rows[0], rows[-1]
+    ratio = last["ttft_s"] / first["ttft_s"]
     return {
-        "turns": rows, "conversation_tokens": rows[-1]["prompt_tokens"]
-        + rows[-1]["reply_tokens"],
+        "turns": rows, "conversation_tokens": last["prompt_tokens"] + last["reply_tokens"],
+        "last_turn": last["turn"], "last_turn_prompt_tokens": last["prompt_tokens"],
+        "first_turn_ttft_s": first["ttft_s"], "last_turn_ttft_s": last["ttft_s"],
         "last_turn_ttft_fresh_s": fresh.ttft_s,
         "last_vs_first_ttft": ratio, "within_1_5x": ratio <= 1.5,
+        # the same ratio without the history's attention: the last turn's new tokens alone
+        "last_alone_vs_first_ttft": last["ttft_prefilled_alone_s"] / first["ttft_s"],
+        # every later turn resumed from all of the held state its prompt repeats
+        "all_history_reused": all(r["cached_tokens"] >= min(r["history_matching"],
+                                                            r["prompt_tokens"] - 1)
+                                  for r in rows[1:]),
     }
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def main() -> int:
