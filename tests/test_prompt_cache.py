@@ -179,3 +179,25 @@ def test_switching_conversations_keeps_each_ones_state(pairs, family):
     a += [{"role": "assistant", "content": first_a.text}, {"role": "user", "content": "More?"}]
     again = same(rt, ref, a)
     assert again.cached_tokens >= first_a.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reply_sent_back_changed_reuses_the_prefix_it_shares(pairs, family):
+    """A client that sends the reply back altered (stripped, re-spaced: it then tokenizes
+    differently from the tokens generated) gets the shared prefix from the cache, not more,
+    and the same output as a fresh prefill."""
+    rt, ref = pairs(family)
+    rt.clear_cache()
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    first = same(rt, ref, messages)
+    held = rt.prompt_cache.tokens()[-1]
+    assert held[:first.prompt_tokens] == rt.encode(messages)
+    messages += [{"role": "assistant", "content": " " + first.text.strip() + " \n"},
+                 {"role": "user", "content": "More?"}]
+    ids = rt.encode(messages)
+    shared = next(i for i, (a, b) in enumerate(zip(held, ids)) if a != b)
+    assert shared < len(held)  # the altered reply no longer matches what was generated
+    second = same(rt, ref, messages)
+    assert first.prompt_tokens - 1 <= second.cached_tokens <= shared
+    if family != "qwen3_5":  # attention caches are cut right at the difference
+        assert second.cached_tokens == shared
