@@ -271,6 +271,25 @@ def test_continue_batch_left_pads_mixed_lengths(pair):
         assert g == want
 
 
+def test_running_batch_equals_single_greedy_through_refills(pair):
+    """Rows that end leave the batch and queued prompts take their place (continuous
+    batching): every answer still equals the prompt's own greedy decoding, cut at its first
+    EOS or at the token limit."""
+    from engine.cycle import plain_decode
+    from engine.train.generate import answer_running
+
+    _, _, model, _ = pair
+    target = adapter_for(model)
+    prompts = [[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4], [9, 9, 8], [30, 31, 32, 33, 34],
+               [2], [44, 45, 46, 47, 48, 49, 50, 51], [60, 6]]
+    alone = [[t for c in plain_decode(target, p, 14, 64) for t in c.tokens] for p in prompts]
+    eos = {alone[0][4], alone[3][2]}  # some rows end early, others run to the limit
+    want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), len(a))] for a in alone]
+    assert len({len(w) for w in want}) > 1
+    got = answer_running(model, prompts, 14, eos, width=3, refill_every=3, prefill_tokens=8)
+    assert got == dict(enumerate(want))
+
+
 def test_length_batches_bound_width_and_tokens():
     from engine.train.generate import length_batches
 
@@ -318,3 +337,32 @@ def test_token_ranking_script_writes_a_loadable_ranking(pair, tmp_path):
     assert "a.npz + b.npz" in json.loads((draft / "token_ranking.json").read_text())["source"]
     with pytest.raises(SystemExit):
         script.main([str(tmp_path), str(tmp_path / "a.npz")])  # not a draft folder
+
+
+def test_data_parallel_training_keeps_ranks_in_step(pair, tmp_path):
+    """Two local processes (ring backend, as on two GPUs with NCCL) train one draft: each
+    reads its own share of every batch, gradients are averaged, and rank 0 saves a draft
+    whose weights every rank holds too."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("mlx.launch") is None:
+        pytest.skip("mlx.launch not on PATH")
+    target_dir, *_ = pair
+    Dataset([[1 + (i * 7 + j) % 50 for j in range(14)] for i in range(24)], [4] * 24).save(
+        tmp_path / "data.npz")
+    out = tmp_path / "dp"
+    argv = ["--model", str(target_dir), "--out", str(out), "--depth", "1", "--taps", "1,2",
+            "--steps", "5", "--batch", "2", "--anchors", "3", "--val-every", "5",
+            "--checkpoint-every", "5", "--val-size", "4", "--no-progress",
+            "--data", str(tmp_path / "data.npz"), "--distributed", "ring"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    run = subprocess.run(["mlx.launch", "-n", "2", "--backend", "ring", "--python",
+                          sys.executable, "-m", "engine.train", *argv], env=env, cwd=os.getcwd(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    log = json.loads((out / "train-log.json").read_text())
+    assert log["steps"] == 5 and log["ranks"] == {"count": 2, "weights_agree": True}
+    assert (out / "model.safetensors").is_file()

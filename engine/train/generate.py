@@ -112,6 +112,135 @@ def continue_batch(model: nn.Module, prompts: list[list[int]], max_new: int, eos
     return out
 
 
+class RunningBatch:
+    """Continuous batching for attention-only targets: rows that finish (EOS, the token limit,
+    or a loop) leave the batch and queued prompts take their place, so the GPU never decodes
+    for rows that are done. Answers of very different lengths (up to a thousand tokens) made
+    fixed batches run as long as their longest row."""
+
+    def __init__(self, model: nn.Module, max_new: int, eos: set[int], width: int,
+                 temperature: float = 0.0, stop_loops: bool = False,
+                 prefill_tokens: int = 1 << 16) -> None:
+        from ..targets import adapter_for
+
+        self.model, self.target = model, adapter_for(model)
+        self.max_new, self.eos, self.width = max_new, eos, width
+        self.temperature, self.stop_loops = temperature, stop_loops
+        self.prefill_tokens = prefill_tokens  # bounds a prefill's attention scores
+        self.cache: list[Any] | None = None
+        self.rows: list[int] = []  # prompt index of each row
+        self.out: list[list[int]] = []  # tokens so far of each row
+        self.tok: mx.array | None = None  # each row's last token [B]
+
+    def pick(self, logits: mx.array) -> mx.array:
+        if self.temperature <= 0:
+            return mx.argmax(logits, axis=-1)
+        return mx.random.categorical(logits.astype(mx.float32) / self.temperature)
+
+    def add(self, indices: list[int], prompts: list[list[int]]) -> None:
+        """Prefill `prompts` (left-padded among themselves) and join them to the batch."""
+        width = max(len(p) for p in prompts)
+        pads = [width - len(p) for p in prompts]
+        cache = left_padded_cache(self.model, pads)
+        tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
+        # the head on the last position only: full-prompt logits of a big batch would not fit
+        first = self.pick(self.target.lm_head(self.target.inner(tokens, cache=cache)[:, -1]))
+        mx.eval(first, [(c.keys, c.values) for c in cache])
+        if self.cache is None:
+            self.cache, self.tok = cache, first
+        else:
+            for mine, theirs in zip(self.cache, cache):
+                mine.extend(theirs)
+            self.tok = mx.concatenate([self.tok, first])
+        self.rows += indices
+        self.out += [[t] for t in first.tolist()]
+
+    def fill(self, queue: list[int], prompts: list[list[int]]) -> None:
+        """Take prompts from the front of `queue` until the batch is `width` rows."""
+        while queue and len(self.rows) < self.width:
+            take: list[int] = []
+            while queue and len(self.rows) + len(take) < self.width:
+                longest = max([len(prompts[i]) for i in take] + [len(prompts[queue[0]])])
+                if take and (len(take) + 1) * longest > self.prefill_tokens:
+                    break
+                take.append(queue.pop(0))
+            self.add(take, [prompts[i] for i in take])
+
+    def step(self, n: int) -> dict[int, list[int]]:
+        """Decode `n` tokens for every row; -> {prompt index: answer} of the rows that ended
+        (their first EOS kept, or the token limit, or a loop with `stop_loops`)."""
+        steps = []
+        tok = self.tok
+        for _ in range(n):
+            tok = self.pick(self.model(tok[:, None], cache=self.cache)[:, -1])
+            steps.append(tok)
+            mx.async_eval(tok)
+        self.tok = tok
+        new = np.array(mx.stack(steps, axis=1))
+        done: dict[int, list[int]] = {}
+        keep = []
+        for r, row in enumerate(new.tolist()):
+            out = self.out[r]
+            seen = max(0, len(out) - 1)  # the prefill's token is checked on the first step
+            out += row
+            end = next((j + 1 for j in range(seen, len(out)) if out[j] in self.eos), None)
+            if end is not None or len(out) >= self.max_new:
+                done[self.rows[r]] = out[:end or self.max_new]
+            else:
+                keep.append(r)
+        if self.stop_loops and keep:
+            recent = [self.out[r][-128:] for r in keep]
+            span = min(len(x) for x in recent)
+            rows = np.array([x[-span:] for x in recent])
+            looped = loop_starts(rows, np.full(len(keep), span)) >= 0
+            for r in [r for r, hit in zip(keep, looped) if hit]:
+                done[self.rows[r]] = self.out[r]
+            keep = [r for r, hit in zip(keep, looped) if not hit]
+        if len(keep) < len(self.rows):
+            self.drop(keep)
+        return done
+
+    def drop(self, keep: list[int]) -> None:
+        """Keep only rows `keep` (the others ended)."""
+        self.rows = [self.rows[r] for r in keep]
+        self.out = [self.out[r] for r in keep]
+        if not keep:
+            self.cache, self.tok = None, None
+            return
+        index = mx.array(keep)
+        for c in self.cache:
+            c.filter(index)
+        self.tok = self.tok[index]
+
+
+def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos: set[int],
+                   width: int, seconds: float | None = None,
+                   on_done: Callable[[int], None] | None = None, temperature: float = 0.0,
+                   stop_loops: bool = False, refill_every: int = 32,
+                   prefill_tokens: int = 1 << 16, order: list[int] | None = None
+                   ) -> dict[int, list[int]]:
+    """Answers to `prompts` through one `RunningBatch` of up to `width` rows, prompts taken in
+    `order` (default: as given); refills once a quarter of the rows have ended. With
+    `seconds`, stops there: the rows in flight give their answers so far (a prefix of the
+    target's answer is still its answer), so no tail of ever fewer rows runs on.
+    -> {prompt index: answer}."""
+    batch = RunningBatch(model, max_new, eos, width, temperature, stop_loops, prefill_tokens)
+    queue = list(range(len(prompts))) if order is None else list(order)
+    answers: dict[int, list[int]] = {}
+    start = time.perf_counter()
+    while queue or batch.rows:
+        if seconds is not None and time.perf_counter() - start > seconds:
+            answers.update(zip(batch.rows, batch.out))
+            break
+        if queue and len(batch.rows) <= width * 3 // 4:
+            batch.fill(queue, prompts)
+        done = batch.step(refill_every)
+        answers.update(done)
+        if on_done and done:
+            on_done(len(done))
+    return answers
+
+
 def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: int,
                    paddable: bool) -> list[list[int]]:
     """Prompt indices in batches of up to `batch` (fewer for long prompts: at most
@@ -139,12 +268,22 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
     `length_batches`), in a seeded shuffle so every category and length comes early; ->
     {prompt index: response}. With `seconds`, stops after the batch that crosses it. With
     `loop_keep`, looping rows stop early and are cut `loop_keep` tokens into their loop."""
-    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget,
-                            paddable(model))
+    eos = set(tokenizer.eos_token_ids)
+    if paddable(model):
+        # neighbours in length refill together (little padding); the length-sorted chunks
+        # are shuffled so every category and length comes early
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
+        random.Random(0).shuffle(chunks)
+        answers = answer_running(model, prompts, max_new, eos, batch, seconds, on_done,
+                                 temperature, stop_loops=loop_keep is not None,
+                                 order=[i for c in chunks for i in c])
+        return answers if loop_keep is None else dict(
+            zip(answers, cut_loops(list(answers.values()), loop_keep)))
+    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget, False)
     random.Random(0).shuffle(chunks)
     # full batches first: narrow ones waste the GPU
     chunks.sort(key=lambda c: len(c) < min(batch, 64))
-    eos = set(tokenizer.eos_token_ids)
     answers: dict[int, list[int]] = {}
     start = time.perf_counter()
     for chunk in chunks:

@@ -87,6 +87,7 @@ class TrainConfig:
     mask_token_id: int | None = None
     state_dir: str | None = None  # optimizer state for --resume (default OUT/resume)
     log: str | None = None  # training log JSON (default OUT/train-log.json)
+    distributed: str | None = None  # data-parallel over mx.distributed with this backend
     seed: int = 0
     progress: bool = True
 
@@ -284,6 +285,22 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                           "records with id, prompt, source)")
     t0 = time.perf_counter()
     mx.random.seed(cfg.seed)
+    group = mx.distributed.init(strict=True, backend=cfg.distributed) if cfg.distributed else None
+    rank, world = (group.rank(), group.size()) if group is not None else (0, 1)
+    lead = rank == 0  # in data-parallel runs rank 0 alone reports, validates and saves
+    if not lead:
+        say = _quiet
+    elif world > 1:
+        say(f"data-parallel over {world} ranks ({cfg.distributed}): {cfg.batch} sequences "
+            f"per rank and step")
+
+    def agree(value: float) -> float:
+        """The ranks' mean of `value`: the same number on every rank, so every rank takes
+        the same branch (step counts must match for the gradient all-reduce)."""
+        if group is None:
+            return value
+        return float(mx.distributed.all_sum(mx.array(value), group=group).item()) / world
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     state_dir = Path(cfg.state_dir) if cfg.state_dir else out / "resume"
@@ -298,6 +315,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if data_path.is_file():
         data = Dataset.load(data_path)
         say(f"data: reusing {data_path} ({len(data)} sequences)")
+    elif world > 1:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--data {data_path}: no such file; a data-parallel run trains on "
+                          "existing data (collect it first with --collect-only)")
     else:
         data = collect_data(model, tokenizer, cfg, data_path, heldout_path, say)
     gen_s = time.perf_counter() - t0
@@ -352,7 +374,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     say(f"draft: {cfg.depth} layers, taps {draft.args.target_layer_ids}, "
         f"{n_params / 1e6:.2f}M parameters, mask token {mask_id}")
 
-    rng = np.random.default_rng(cfg.seed + step)
+    rng = np.random.default_rng(cfg.seed + step)  # the data order: the same on every rank
+    anchor_rng = rng if world == 1 else np.random.default_rng([cfg.seed + step, rank])
     log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
                            "data": {**data.meta, "sequences": len(data),
                                     "train_sequences": len(train_set),
@@ -361,7 +384,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                     "response_tokens": data.response_tokens,
                                     "total_tokens": sum(len(s) for s in data.sequences)},
                            "history": [], "val": [], "env": _env()}
-    if step == 0 and cfg.init:  # where the initial draft starts, on the same anchors
+    if step == 0 and cfg.init and lead:  # where the initial draft starts, on the same anchors
         v = validate(draft, target, val_set, cfg, weights)
         log["val"].append({"step": 0, "set": val_name, **v})
         say(f"step 0: {val_name} loss {v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
@@ -373,20 +396,24 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     with _progress(cfg.progress) as bar:
         task = bar.add_task("training", total=total, completed=step)
         while step < total:
-            if cursor + cfg.batch > len(order):
+            if cursor + cfg.batch * world > len(order):
                 order, cursor, epoch = rng.permutation(len(train_set)), 0, epoch + 1
-            idx = order[cursor:cursor + cfg.batch]
-            cursor += cfg.batch
-            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, rng)
+            idx = order[cursor + rank * cfg.batch:cursor + (rank + 1) * cfg.batch]
+            cursor += cfg.batch * world
+            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
             taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             loss, grads = loss_and_grad(batch, taps)
+            if group is not None:
+                grads = nn.average_gradients(grads, group)
+                loss = mx.distributed.all_sum(loss, group=group) / world
             grads, norm = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(draft, grads)
             mx.eval(loss, norm, draft.parameters(), optimizer.state)
             step += 1
             losses.append(float(loss))
-            if cfg.train_seconds and time.perf_counter() - train_start > 1.2 * cfg.train_seconds:
+            if cfg.train_seconds and agree(
+                    time.perf_counter() - train_start > 1.2 * cfg.train_seconds) > 0:
                 say(f"out of time at step {step}: stopping early")
                 break
             if step - first_step == 5:
@@ -395,7 +422,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 # time steps 5..20 (the first ones include kernel compilation)
                 per_step = (time.perf_counter() - t5) / 15
                 left = cfg.train_seconds - (time.perf_counter() - train_start)
-                fits = step + int(left / per_step)
+                fits = step + int(agree(left / per_step))
                 if fits < total:
                     total = max(step + 1, fits)
                     bar.update(task, total=total)
@@ -406,6 +433,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                        "lr": lr_at(step - 1, total, cfg.lr), "grad_norm":
                                        float(norm), "epoch": epoch,
                                        "seconds": time.perf_counter() - train_start})
+            if not lead:
+                continue
             if step % cfg.val_every == 0 or step == total:
                 v = validate(draft, target, val_set, cfg, weights)
                 log["val"].append({"step": step, "set": val_name, **v})
@@ -415,6 +444,13 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
                 save_state(optimizer, draft, step, total, state_dir)
                 _write_log(log, log_path, step, total, gen_s, train_start, t0)
+    # the ranks must hold the same weights: a divergence would mean a skipped all-reduce
+    checksum = float(sum(mx.sum(v.astype(mx.float32)) for _, v in
+                         tree_flatten(draft.trainable_parameters())).item())
+    agreed = agree(checksum) == checksum
+    if not lead:
+        return {"rank": rank, "steps": step}
+    log["ranks"] = {"count": world, "weights_agree": agreed}
     save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
     save_state(optimizer, draft, step, total, state_dir)
     files = " + ".join(Path(f).name for f in [data_path, *cfg.extra_data])
@@ -428,6 +464,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f}, "
         f"checkpoint {out}")
     return log
+
+
+def _quiet(line: str) -> None:
+    """`say` for the ranks that follow rank 0 in a data-parallel run."""
 
 
 def _write_log(log: dict, path: Path, step: int, total: int, gen_s: float, train_start: float,
@@ -505,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-token-id", type=int)
     p.add_argument("--state-dir", help="optimizer state folder (default OUT/resume)")
     p.add_argument("--log", help="training log JSON (default OUT/train-log.json)")
+    p.add_argument("--distributed", metavar="BACKEND", choices=["nccl", "ring", "jaccl", "mpi"],
+                   help="data-parallel training over mx.distributed (one process per GPU or "
+                        "host, e.g. started by mlx.launch); every rank reads the same data")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
