@@ -50,7 +50,11 @@ case "${PART:-}" in
 gen)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
   cp -r .carry/tok "$gguf.tokenizer"
-  python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
+  # the tokenizer's stamp names this GGUF copy (engine/gguf.py tokenizer_folder)
+  python3 -c "import json,os,sys; from engine.gguf import TOKENIZER_VERSION; from engine.cache import sha256_file; \
+g=sys.argv[1]; s=os.stat(g); d=g+'.tokenizer'; json.dump({'source': {'version': TOKENIZER_VERSION, \
+'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, 'files': {n: sha256_file(__import__('pathlib').Path(d, n)) \
+for n in ('tokenizer.json', 'tokenizer_config.json')}}, open(d+'/source.json','w'))" "$gguf"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   for r in 0 1; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases

@@ -13,10 +13,10 @@ from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
 from .draft import DFlashDraft
-from .draft_head import build_draft_head
+from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target
+from .loading import Progress, load_draft, load_target, quantization
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -41,7 +41,7 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.target.warm_up()  # native kernels compile here, not mid-reply
-        self.min_confidence = self.config.min_confidence()
+        self.min_confidence = self.config.min_confidence(device.current())
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
@@ -106,6 +106,7 @@ class DFlashRuntime:
             "draft": self.draft_id,
             "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
+            "quantization": quantization(self.model),  # None: plain float weights
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "max_ctx": self.config.max_ctx,
@@ -161,14 +162,19 @@ class DFlashRuntime:
         reuse.append(state)
         return state
 
+    def make_proposer(self, head: DraftHead, draft_cache: list[Any]) -> DraftProposer:
+        """The cycle's proposer: the draft with its output head, verify cut and context cache.
+        The oracle cost benchmark (`dflash benchmark --oracle-tokens-per-cycle`) puts its own
+        proposer here."""
+        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache)
+
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],
                      stop_ids: Collection[int] = ()) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
-        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence,
-                                 state.draft_cache)
+        proposer = self.make_proposer(head, state.draft_cache)
         todo = ids[state.cached:]
         if state.recurrent:
             # Recurrent states cannot be cut back: prefill up to the last prompt token and
