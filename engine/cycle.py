@@ -8,7 +8,7 @@ greedy decoding. At temperature > 0, speculative sampling keeps the target's dis
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,12 +193,15 @@ class DraftProposer:
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, sync_phases: bool = False,
-                       sampler: Sampler | None = None) -> Iterator[Commit]:
+                       sampler: Sampler | None = None,
+                       stop_ids: Collection[int] = ()) -> Iterator[Commit]:
     """Yields the prefill's token, then one Commit per cycle. `cache` may be passed in
     (empty) to inspect it afterwards; `sync_phases` evaluates each phase on its own so the
     cycle stats hold device times per phase (see PhaseClock). Without a `sampler` every token
     is the target's argmax (greedy, exact); with one, speculative sampling (sampling.py)
-    commits tokens distributed as the target's own samples."""
+    commits tokens distributed as the target's own samples. A commit holding one of
+    `stop_ids` is the last, and the caches then end just before that token: a recurrent
+    state cannot be cut back later, and the next chat turn renders its own end-of-turn."""
     cache = target.make_cache() if cache is None else cache
     tap_ids = proposer.tap_ids
     position = len(prompt)
@@ -227,14 +230,18 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         verify_s = clock.lap(accepted, following)
 
         a, tokens = read_commit(verify_in, accepted, following)
-        target.rollback(cache, keep=a + 1, verified=size)
-        proposer.append_context(taps[:, : a + 1])
+        stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
+        target.rollback(cache, keep=keep, verified=size)
+        proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
         staged = tokens[-1]
         emitted += len(tokens)
         position += a + 1
         yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s))
+        if stop is not None:
+            return
         index += 1
 
 

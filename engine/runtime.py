@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -146,7 +146,9 @@ class DFlashRuntime:
         mx.reset_peak_memory()
         reuse: list[PromptState] = []  # filled on the first next(): the state it resumed
         if use_draft:
-            commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse)
+            stop_ids = () if no_eos else frozenset(self.tokenizer.eos_token_ids)
+            commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse,
+                                        stop_ids)
         else:
             commits = self._plain(ids, max_tokens, sampler, reuse)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size,
@@ -167,7 +169,8 @@ class DFlashRuntime:
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
-                     sampler: Sampler | None, reuse: list[PromptState]) -> Iterator[Commit]:
+                     sampler: Sampler | None, reuse: list[PromptState],
+                     stop_ids: Collection[int] = ()) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
@@ -184,7 +187,8 @@ class DFlashRuntime:
             todo = todo[-1:]
         yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
                                       self.config.prefill_chunk, cache=state.cache,
-                                      sync_phases=profile, sampler=sampler)
+                                      sync_phases=profile, sampler=sampler,
+                                      stop_ids=stop_ids)
 
     def _plain(self, ids: list[int], max_tokens: int, sampler: Sampler | None,
                reuse: list[PromptState]) -> Iterator[Commit]:
