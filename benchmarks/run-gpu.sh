@@ -6,6 +6,8 @@
 #   PART=smollm2 the SmolLM2 pair: three suites at 256 tokens, 512-token rows, the
 #                1024 -> 4096 token scaling row (DRAFT=folder picks the draft; the
 #                wholeblock rows: ARGS="--min-confidence off --draft-vocab off" SUFFIX=-wholeblock)
+#   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
+#   PART=sampled the three suites at temperature 0.7
 # Each part fits one device call (< 10 minutes).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache DFLASH_EVAL_DATA=.carry/data
@@ -18,7 +20,7 @@ setup)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
   # The GPU machine has transformers 4.x: bring the tokenizer folder built here, stamped anew.
   cp -r .carry/tok "$gguf.tokenizer"
-  python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
+  python3 scripts/stamp_tokenizer.py "$gguf"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ;;
 kernels)
   step 120 python3 scripts/gpu_checks.py --out "$OUT/gpu_checks-h200.json"
@@ -37,6 +39,19 @@ smollm2)
   for n in 1024 4096; do
     bench --suite gsm8k --limit 1 --max-tokens $n --no-eos --json "$OUT/smollm2-gsm8k-$n${SUFFIX:-}-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2" >&2; exit 2 ;;
+cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known acceptance
+  step 360 python3 scripts/gpu_cycle_probe.py
+  for k in 8 4; do
+    bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos --oracle-tokens-per-cycle $k \
+      --json "$OUT/smollm2-oracle$k-h200.json"
+  done
+  step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
+    --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
+sampled)  # issue 16: temperature 0.7 beside the greedy rows
+  for suite in mt-bench humaneval gsm8k; do
+    bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
+      --json "$OUT/smollm2-$suite-t0.7-h200.json"
+  done ;;
+*) echo "PART=setup|kernels|smollm2|cost|sampled" >&2; exit 2 ;;
 esac
 exit 0

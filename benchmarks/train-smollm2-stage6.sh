@@ -50,7 +50,7 @@ case "${PART:-}" in
 gen)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
   cp -r .carry/tok "$gguf.tokenizer"
-  python3 -c "import json,os,sys; s=os.stat(sys.argv[1]); json.dump({'version': 1, 'size': s.st_size, 'mtime_ns': s.st_mtime_ns}, open(sys.argv[1]+'.tokenizer/source.json','w'))" "$gguf"
+  python3 scripts/stamp_tokenizer.py "$gguf"  # the tokenizer built here, for this copy
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   for r in 0 1; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases

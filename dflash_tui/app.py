@@ -19,6 +19,7 @@ from dflash_tui.messages import (
     LoadPair,
     OpenConversation,
     RenameConversation,
+    SaveSettings,
     ToggleView,
 )
 from dflash_tui.screens.chat import ChatScreen
@@ -37,6 +38,16 @@ class ChatSettings:
     system_prompt: str
     max_tokens: int
     block_size: int  # 0: the draft's own
+    temperature: float = 0.0  # 0: greedy, exact
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None  # None: a fresh seed every reply
+
+    @property
+    def sampling(self) -> dict[str, float | int | None]:
+        """generate()'s sampling keywords."""
+        return {k: getattr(self, k) for k in config.SAMPLING}
 
 
 def title_from(text: str) -> str:
@@ -142,15 +153,23 @@ class DFlashChatApp(App[None]):
     # the current conversation: the app is its one owner -------------------------------------
 
     def effective(self) -> ChatSettings:
-        """The open conversation's settings, falling back to the defaults for unset ones."""
+        """The open conversation's settings, falling back to the defaults for unset ones
+        (a conversation's seed is its own: unset means a fresh seed every reply)."""
         s = self.settings
         conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
         if conv is None:
-            return ChatSettings(s.system_prompt, s.max_tokens, s.block_size)
+            return ChatSettings(s.system_prompt, s.max_tokens, s.block_size, s.temperature,
+                                s.top_p, s.top_k, s.min_p, s.seed)
+
+        def own(name: str) -> object:
+            value = getattr(conv, name)
+            return value if value is not None else getattr(s, name)
+
         return ChatSettings(
             conv.system_prompt if conv.system_prompt is not None else s.system_prompt,
             conv.max_tokens or s.max_tokens,
             conv.block_size if conv.block_size is not None else s.block_size,
+            own("temperature"), own("top_p"), own("top_k"), own("min_p"), conv.seed,
         )
 
     def begin_conversation(self, first_message: str) -> int:
@@ -162,6 +181,7 @@ class DFlashChatApp(App[None]):
                 system_prompt=s.system_prompt,
                 max_tokens=s.max_tokens,
                 block_size=s.block_size,
+                **{k: getattr(s, k) for k in config.SAMPLING},
             )
             self._set_current(conv.id, conv.title)
         assert self.conversation_id is not None
@@ -257,24 +277,26 @@ class DFlashChatApp(App[None]):
         await self.open_conversation(None)
 
     def action_settings(self) -> None:
-        s = self.settings
-        current = self.effective()
-
         def saved(values: dict | None) -> None:
-            if values is None:
-                return
-            if self.conversation_id is not None:
-                self.store.update_settings(self.conversation_id, **values)
-            else:  # no conversation yet: these become the defaults for new ones
-                s.system_prompt = values["system_prompt"]
-                s.max_tokens = values["max_tokens"]
-                s.block_size = values["block_size"]
-                self.save_settings()
-            self.notify("Settings saved", timeout=2)
+            if values is not None:
+                self.post_message(SaveSettings(values))
 
-        self.push_screen(
-            SettingsScreen(current.system_prompt, current.max_tokens, current.block_size), saved
-        )
+        self.push_screen(SettingsScreen(self.effective()), saved)
+
+    def on_save_settings(self, message: SaveSettings) -> None:
+        """The settings screen's values: the open conversation's, or (no conversation yet)
+        the defaults for new ones."""
+        values = message.values
+        if self.conversation_id is not None:
+            self.store.update_settings(self.conversation_id, **values)
+            where = "this conversation"
+        else:
+            for name, value in values.items():
+                setattr(self.settings, name, value)
+            self.save_settings()
+            where = "new conversations"
+        self.chat.show_settings(self.effective())
+        self.notify(f"Settings saved for {where}", timeout=2, markup=False)
 
     def action_export(self) -> Path | None:
         conv = self.store.get_conversation(self.conversation_id) if self.conversation_id else None
@@ -333,7 +355,7 @@ class DFlashChatApp(App[None]):
         )
         yield SystemCommand(
             "Conversation: settings",
-            "System prompt, max tokens, block size (F5)",
+            "System prompt, max tokens, block size, temperature, top-p, seed (F5)",
             self.action_settings,
         )
         yield SystemCommand("Reply: stop", "Stop streaming, keep the text (Esc)", chat.action_stop)

@@ -22,9 +22,11 @@ class Backend(Protocol):
         """Load a pair; returns describe(). Raises with a user-readable message on failure."""
 
     def stream(
-        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int,
+        sampling: dict[str, Any] | None = None,
     ) -> Iterator[Any]:
-        """Yield engine.events.Span objects then one Finished; close() the iterator to stop."""
+        """Yield engine.events.Span objects then one Finished; close() the iterator to stop.
+        `sampling`: generate()'s temperature/top_p/top_k/min_p/seed keywords ({}: greedy)."""
 
 
 class ContextTooLong(DFlashError):
@@ -85,12 +87,13 @@ class RealBackend:
             self.rt.close_followers()
 
     def stream(
-        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int,
+        sampling: dict[str, Any] | None = None,
     ) -> Iterator[Any]:
         check_context(len(self.rt.encode(prompt)), self.rt.config.max_ctx)
-        # block_size 0 means the draft's own; the engine takes it per call, no reload.
+        # block_size 0 means the draft's own; the engine takes it and sampling per call.
         return self.rt.stream_generate(prompt, max_tokens=max_tokens,
-                                       block_size=block_size or None)
+                                       block_size=block_size or None, **(sampling or {}))
 
 
 FAKE_REPLY = (
@@ -153,8 +156,10 @@ class FakeBackend:
         return dict(self.info)
 
     def stream(
-        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int
+        self, prompt: list[dict[str, str]], max_tokens: int, block_size: int,
+        sampling: dict[str, Any] | None = None,
     ) -> Iterator[Any]:
+        # `sampling` is accepted and not used: the fake's reply is fixed text.
         from engine.events import CycleStats, Finished, GenerationResult, RunningStats, Span
 
         text = self.reply if self.reply is not None else FAKE_REPLY

@@ -19,7 +19,8 @@ keys (F1 in the app lists all, with binding ids):
   Ctrl+R regenerate last reply · Ctrl+G edit and resend your last message
   Ctrl+Y copy last reply · c copy focused message · Ctrl+T colour draft-accepted tokens
   Ctrl+B sidebar · Ctrl+O compact speed line · F2 model pairs · Ctrl+L conversations
-  Ctrl+N new chat · F5 conversation settings · Ctrl+E export Markdown · Ctrl+P command palette
+  Ctrl+N new chat · F5 conversation settings (sampling too) · Ctrl+E export Markdown
+  Ctrl+P command palette
   Ctrl+Q quit
 
 files:
@@ -82,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"default draft block size ({config.MIN_BLOCK_SIZE}..{config.MAX_BLOCK_SIZE}; "
         "0 = the draft's own)",
     )
+    # Sampling defaults for new conversations (each conversation keeps its own: F5).
+    for flag, kind, what in (
+        ("--temperature", float, "0 = greedy, exact (the default); above 0 samples"),
+        ("--top-p", float, "0 < p <= 1; 1 = off"),
+        ("--top-k", int, "0 = off"),
+        ("--min-p", float, "0 <= p < 1; 0 = off"),
+        ("--seed", int, "repeat sampled replies (default: a new seed every reply)"),
+    ):
+        parser.add_argument(flag, type=kind, metavar="X" if kind is float else "N",
+                            help=f"default {flag[2:].replace('-', '_')} of new chats: {what}")
     parser.add_argument(
         "--data-dir",
         type=Path,
@@ -131,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             config.validate_max_tokens(str(args.max_tokens))
         if args.block_size is not None:
             config.validate_block_size(str(args.block_size))
+        sampling = {name: getattr(args, name) for name in config.SAMPLING
+                    if getattr(args, name) is not None}
+        for name, value in sampling.items():
+            config.validate_sampling(name, str(value))
     except ValueError as exc:
         print(f"dflash-chat: {exc}", file=sys.stderr)
         return 2
@@ -179,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         app.settings.max_tokens = args.max_tokens
     if args.block_size is not None:
         app.settings.block_size = args.block_size
+    for name, value in sampling.items():
+        setattr(app.settings, name, value)
     app.run()
     return 0
 

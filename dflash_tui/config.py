@@ -10,7 +10,12 @@ from pathlib import Path
 
 from platformdirs import user_config_dir, user_data_dir
 
-from engine.config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE  # plain Python: loads no MLX
+from engine.config import (  # plain Python: loads no MLX
+    MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+    SamplingParams,
+)
+from engine.errors import ConfigError
 
 APP_NAME = "dflash-chat"
 CONFIG_DIR_ENV = "DFLASH_CHAT_CONFIG_DIR"
@@ -38,6 +43,12 @@ class Settings:
     system_prompt: str = "You are a helpful assistant."
     max_tokens: int = 512
     block_size: int = 0  # 0 -> the draft checkpoint's own block size
+    # Sampling for new conversations (engine.config.SamplingParams): temperature 0 is greedy.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None  # None (absent from the file): a fresh seed every reply
     show_sidebar: bool = True
     draft_colours: bool = False
     compact: bool = False
@@ -46,11 +57,14 @@ class Settings:
     keymap: dict[str, str] = field(default_factory=dict)
 
 
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed")  # SamplingParams' fields
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     # JSON string escaping is valid TOML basic-string escaping for our needs.
     import json
 
@@ -97,10 +111,19 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
         value, default = raw[f.name], getattr(settings, f.name)
         line = _line_of(text, f.name) or _line_of(text, f"[{f.name}]")
         at = f"line {line}" if line else "?"
-        if type(value) is not type(default):
-            kind = "a table" if isinstance(default, dict) else type(default).__name__
+        expected = int if f.name == "seed" else type(default)
+        if expected is float and type(value) is int:
+            value = float(value)  # "temperature = 1" means 1.0
+        if type(value) is not expected:
+            kind = "a table" if isinstance(default, dict) else expected.__name__
             problems.append(f"{at}: {f.name} should be {kind}, not {value!r}")
             continue
+        if f.name in SAMPLING:
+            try:
+                SamplingParams(**{f.name: value})
+            except ConfigError as exc:
+                problems.append(f"{at}: {exc}")
+                continue
         if isinstance(value, dict):
             bad = [k for k, v in value.items() if not isinstance(v, str)]
             for k in bad:
@@ -122,7 +145,7 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
 def save_settings(settings: Settings, path: Path | None = None) -> None:
     path = path or config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = asdict(settings)
+    values = {k: v for k, v in asdict(settings).items() if v is not None}  # TOML has no null
     keymap = values.pop("keymap")
     body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
     body += "\n# Rebind keys by binding id (F1 lists them), e.g. \"chat.stop\" = \"ctrl+s\"\n"
@@ -157,4 +180,25 @@ def validate_block_size(text: str) -> int:
         raise ValueError(
             f"block size must be {lo}..{hi} (or 0 for the draft's default), not {value}"
         )
+    return value
+
+
+def validate_sampling(name: str, text: str) -> float | int | None:
+    """One sampling field of the settings screen (a SamplingParams field name and the typed
+    text) -> its value, or ValueError naming the field and its valid range, worded as the CLI
+    and the server word it. Empty: the field's default (for seed: a fresh seed every reply)."""
+    text = text.strip()
+    if not text:
+        return getattr(SamplingParams(), name)
+    whole = name in ("top_k", "seed")
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        example = {"top_k": "40", "seed": "1", "temperature": "0.7"}.get(name, "0.05")
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(f"{name}={text!r} is not {kind}. Fix: type e.g. {example}.") from None
+    try:
+        SamplingParams(**{name: value})
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     return value

@@ -87,3 +87,11 @@ class LoadPair(Message):
 
     model: str | None
     draft: str | None
+
+
+@dataclass
+class SaveSettings(Message):
+    """Conversation settings from the settings screen, checked: system_prompt, max_tokens,
+    block_size and the sampling fields (engine.config.SamplingParams')."""
+
+    values: dict[str, Any]

@@ -52,8 +52,22 @@ def _v2(db: sqlite3.Connection) -> None:
     )
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    # Per-conversation sampling. NULL temperature/top_p/top_k/min_p: the defaults (rows made
+    # before v3); NULL seed: a fresh seed every reply. Adds columns only: no row is rewritten.
+    db.executescript(
+        """
+        ALTER TABLE conversations ADD COLUMN temperature REAL;
+        ALTER TABLE conversations ADD COLUMN top_p REAL;
+        ALTER TABLE conversations ADD COLUMN top_k INTEGER;
+        ALTER TABLE conversations ADD COLUMN min_p REAL;
+        ALTER TABLE conversations ADD COLUMN seed INTEGER;
+        """
+    )
+
+
 # Index i migrates schema version i -> i + 1. Append only; never edit a shipped migration.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -68,6 +82,16 @@ class Conversation:
     block_size: int | None = None
     model: str | None = None
     draft: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+
+
+# The columns create_conversation and update_settings write (the rest are the store's own).
+SETTINGS = ("system_prompt", "max_tokens", "block_size", "model", "draft",
+            "temperature", "top_p", "top_k", "min_p", "seed")
 
 
 @dataclass
@@ -195,20 +219,13 @@ class Store:
     # conversations -------------------------------------------------------------------------
 
     def create_conversation(self, title: str = "New chat", **settings: object) -> Conversation:
+        _check_settings(settings)
         now = time.time()
+        cols = ", ".join(("title", "created_at", "updated_at", *SETTINGS))
+        marks = ", ".join("?" * (3 + len(SETTINGS)))
         cur = self.db.execute(
-            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, max_tokens,"
-            " block_size, model, draft) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                title,
-                now,
-                now,
-                settings.get("system_prompt"),
-                settings.get("max_tokens"),
-                settings.get("block_size"),
-                settings.get("model"),
-                settings.get("draft"),
-            ),
+            f"INSERT INTO conversations ({cols}) VALUES ({marks})",
+            (title, now, now, *(settings.get(k) for k in SETTINGS)),
         )
         return self.get_conversation(cur.lastrowid)  # type: ignore[arg-type, return-value]
 
@@ -238,10 +255,7 @@ class Store:
         )
 
     def update_settings(self, conversation_id: int, **settings: object) -> None:
-        allowed = {"system_prompt", "max_tokens", "block_size", "model", "draft"}
-        unknown = set(settings) - allowed
-        if unknown:
-            raise ValueError(f"unknown conversation settings: {sorted(unknown)}")
+        _check_settings(settings)
         if not settings:
             return
         cols = ", ".join(f"{k} = ?" for k in settings)
@@ -305,6 +319,12 @@ class Store:
             d["stats"] = json.loads(d["stats"]) if d.get("stats") else {}
             out.append(StoredMessage(**d))
         return out
+
+
+def _check_settings(settings: dict[str, object]) -> None:
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown conversation settings: {sorted(unknown)}")
 
 
 def export_markdown(conversation: Conversation, messages: list[StoredMessage]) -> str:

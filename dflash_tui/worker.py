@@ -37,6 +37,8 @@ class GenerateJob:
     prompt: list[dict[str, str]]
     max_tokens: int
     block_size: int
+    # generate()'s sampling keywords (temperature, top_p, top_k, min_p, seed); {}: greedy
+    sampling: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -123,7 +125,7 @@ class EngineWorker:
             )
             return
         self._current = job
-        gen = self._backend.stream(job.prompt, job.max_tokens, job.block_size)
+        gen = self._backend.stream(job.prompt, job.max_tokens, job.block_size, job.sampling)
         text: list[str] = []
         segments: list[tuple[str, bool]] = []
         cycles: list[int] = []

@@ -14,6 +14,12 @@ from typing import Any
 # former in TF32 (its default on CUDA and M5 GPUs), which flips near-ties and breaks the
 # token-for-token equality with greedy decoding. Full fp32 unless the user chose otherwise.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
+# CUDA, bf16/fp16: MLX builds a cuDNN attention plan for each exact (query, key) shape. A
+# cycle attends a block of queries over a KV length that grows every cycle, so every draft and
+# verify forward paid a fresh plan build (benchmarks/stage6/bf16-profile-*-h200.json), and MLX
+# aborts a process after 512 plan-cache misses. Its own attention ops have no per-shape cost.
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SPDA", "0")  # the same switch, older MLX spelling
 
 from .blas import load as _load_blas
 from .errors import DFlashError

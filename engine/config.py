@@ -26,9 +26,11 @@ class DFlashConfig:
     draft_block_size: int | None = None
     # Verify drafts only up to the first one the draft gives less than this probability
     # (0 < p <= 1; None verifies the whole block): a verify's cost grows with its length, and
-    # a run rarely survives a draft the draft itself doubts. Lossless either way. "auto":
-    # DEFAULT_MIN_CONFIDENCE on every backend (benchmarks/ and the README: faster on the CPU
-    # and the H200 with the SmolLM2 pair; Metal unmeasured).
+    # a run rarely survives a draft the draft itself doubts. Lossless either way. The cut
+    # costs a second host sync per cycle (the verify's length is read back before it runs).
+    # "auto": DEFAULT_MIN_CONFIDENCE on the CPU, where a forward's cost grows with its length
+    # and a sync is cheap; whole blocks on GPUs and Metal, where a 16-token forward at
+    # checkpoint precision costs little more than a 1-token one and a cycle syncs once.
     min_draft_confidence: float | str | None = "auto"
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
@@ -40,8 +42,14 @@ class DFlashConfig:
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
     prefill_chunk: int = 512
-    # "float32" | "bfloat16" | "float16" | None. None keeps an mlx-lm checkpoint's own dtype
-    # (as mlx_lm.load does); the offline GGUF target is dequantized to float32 on CPU.
+    # Numerics policy. None: on GPUs and Metal the target runs as its checkpoint stores it
+    # (an MLX checkpoint's bf16 or 4-bit weights as mlx_lm.load gives them; the SmolLM2 GGUF's
+    # Q4_1/Q8_0 blocks as MLX affine 4/8-bit layers, float16 activations like its scales);
+    # on the CPU it runs float32, the fast dtype there (quantized layers dequantized).
+    # "float32" | "bfloat16" | "float16" overrides that: every float weight in that dtype
+    # (quantized ones dequantized). The benchmark's baseline always runs the same weights.
+    # Lossless: every token is the target's argmax as the verify forward computes it; fp32
+    # output is bit-identical to plain decoding, lower precision may flip near-ties.
     dtype: str | None = None
     # Bytes of recent conversation states (target + draft caches) kept for reuse across turns;
     # "auto": an eighth of the machine's memory, at most 8 GiB; 0 turns reuse off.
@@ -82,10 +90,10 @@ class DFlashConfig:
         if pc != "auto" and (not isinstance(pc, int) or isinstance(pc, bool) or pc < 0):
             raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
 
-    def min_confidence(self) -> float | None:
-        """The verify cut, "auto" resolved (the same on every backend)."""
+    def min_confidence(self, backend: str = "cpu") -> float | None:
+        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
         if self.min_draft_confidence == "auto":
-            return DEFAULT_MIN_CONFIDENCE
+            return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
         return self.min_draft_confidence  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
@@ -105,7 +113,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "dflash-mlx's name)")
     p.add_argument("--min-confidence", type=confidence_arg, default="auto", metavar="P",
                    help="verify drafts only up to the first the draft gives probability < P; "
-                        "'auto' (default): 0.4; 'off': whole blocks")
+                        "'auto' (default): 0.4 on CPU, whole blocks on GPUs; 'off': whole "
+                        "blocks")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -114,8 +123,36 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="target dtype (default: the checkpoint's own; the GGUF target: "
-                        "float32, the fast one on CPU)")
+                   help="target dtype, weights dequantized (default: the checkpoint's own "
+                        "precision on a GPU, e.g. the GGUF's 4-bit blocks; float32 on CPU)")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy (the target's argmax), the lossless default
+    top_p: float = 1.0  # keep the most likely tokens up to this total probability; 1: off
+    top_k: int = 0  # keep the k most likely tokens; 0: off
+    min_p: float = 0.0  # keep tokens at least this fraction of the top one's probability; 0: off
+    seed: int | None = None  # None: a fresh seed per call
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("temperature", self.temperature, self.temperature >= 0, "0 (greedy) or more"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "a probability in (0, 1]"),
+            ("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 0,
+             "a whole number, 0 for off"),
+            ("min_p", self.min_p, 0 <= self.min_p < 1, "a fraction in [0, 1)"),
+        )
+        for name, value, ok, expected in checks:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
+                raise ConfigError(f"{name}={value!r} is invalid. Fix: use {expected}.")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed={self.seed!r} is invalid. Fix: use a whole number.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def add_distributed_arg(p: argparse.ArgumentParser) -> None:
@@ -128,7 +165,7 @@ def add_distributed_arg(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """The per-call sampling flags (`generate(..., temperature=, top_p=, top_k=, min_p=,
-    seed=)`); checked by engine.sampling.SamplingParams."""
+    seed=)`); checked by SamplingParams."""
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy, exact; above 0: sample, with the target's own "
                         "distribution kept by speculative sampling")

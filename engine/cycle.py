@@ -8,7 +8,7 @@ greedy decoding. At temperature > 0, speculative sampling keeps the target's dis
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ class PhaseClock:
     """The one place timings are taken. With `sync`, each phase's outputs are evaluated before
     its lap, so laps are device times per phase. Without it the work is only queued
     (async_eval) and overlaps the next phase's graph building: faster, and the laps are
-    host-side times; the cycle still syncs once, on the accepted count."""
+    host-side times; the cycle then syncs once, reading the accepted count and the committed
+    tokens together (`read_commit`)."""
 
     def __init__(self, sync: bool = True) -> None:
         self.sync = sync
@@ -73,7 +74,9 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     lm_head; a token subset is cheaper and as lossless). With `min_confidence`, the verify
     input stops after the first draft whose own probability is below it (that one may still
     be right; later ones rarely are): a shorter verify is cheaper where the forward's cost
-    grows with its length (CPU). Lossless either way: the target decides every token."""
+    grows with its length (CPU). The cut's length is a shape, so it costs a host sync between
+    draft and verify; without it the cycle's only sync is `read_commit`. Lossless either way:
+    the target decides every token."""
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     if size == 1:
         return block
@@ -118,7 +121,8 @@ def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: in
 
 def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> int:
     """How much of a proposal to verify: all `size` tokens, or with `min_confidence` up to
-    and including the first draft the draft gives less than that probability."""
+    and including the first draft the draft gives less than that probability (a host sync:
+    the verify's shape depends on it)."""
     if min_confidence is None:
         return size
     # Over a subset head this softmax omits the tokens outside it, so it slightly
@@ -134,6 +138,18 @@ def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.a
     choice = mx.argmax(verify_logits[0], axis=-1).astype(verify_in.dtype)
     match = (verify_in[0, 1:] == choice[:-1]).astype(mx.int32)
     return mx.sum(mx.cumprod(match)), choice
+
+
+def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array
+                ) -> tuple[int, list[int]]:
+    """The cycle's one host sync: the accepted count a and the committed tokens (the a kept
+    drafts, then the target's token after them) come back in one read."""
+    row = mx.concatenate([accepted.reshape(1).astype(mx.int32),
+                          verify_in[0, 1:].astype(mx.int32),
+                          following.reshape(1).astype(mx.int32)])
+    values = row.tolist()
+    a = values[0]
+    return a, values[1:1 + a] + [values[-1]]
 
 
 @dataclass
@@ -177,12 +193,15 @@ class DraftProposer:
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, sync_phases: bool = False,
-                       sampler: Sampler | None = None) -> Iterator[Commit]:
+                       sampler: Sampler | None = None,
+                       stop_ids: Collection[int] = ()) -> Iterator[Commit]:
     """Yields the prefill's token, then one Commit per cycle. `cache` may be passed in
     (empty) to inspect it afterwards; `sync_phases` evaluates each phase on its own so the
     cycle stats hold device times per phase (see PhaseClock). Without a `sampler` every token
     is the target's argmax (greedy, exact); with one, speculative sampling (sampling.py)
-    commits tokens distributed as the target's own samples."""
+    commits tokens distributed as the target's own samples. A commit holding one of
+    `stop_ids` is the last, and the caches then end just before that token: a recurrent
+    state cannot be cut back later, and the next chat turn renders its own end-of-turn."""
     cache = target.make_cache() if cache is None else cache
     tap_ids = proposer.tap_ids
     position = len(prompt)
@@ -213,16 +232,19 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         verify_s = clock.lap(accepted, following)
 
-        a = int(accepted)
-        target.rollback(cache, keep=a + 1, verified=size)
-        proposer.append_context(taps[:, : a + 1])
+        a, tokens = read_commit(verify_in, accepted, following)
+        stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
+        target.rollback(cache, keep=keep, verified=size)
+        proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
-        tokens = verify_in[0, 1: a + 1].tolist() + [int(following)]
         staged = tokens[-1]
         emitted += len(tokens)
         position += a + 1
         yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s))
+        if stop is not None:
+            return
         index += 1
 
 

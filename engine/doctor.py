@@ -139,11 +139,14 @@ def offline_pair() -> dict[str, Any]:
 
 def self_check(say: Say, max_tokens: int = SELF_CHECK_TOKENS, model: str | None = None,
                draft: str | None = None) -> dict[str, Any]:
-    """A pair (default: the offline one) on two prompts: speculative tokens == plain greedy."""
+    """A pair (default: the offline one) on two prompts: speculative tokens == plain greedy,
+    in float32, where that holds bit for bit on every backend (a GPU's default checkpoint
+    precision may flip near-ties: README, "Precision and lossless decoding")."""
+    from .config import DFlashConfig
     from .runtime import DFlashRuntime
 
     say("self-check: loading the offline pair" if model is None else f"self-check: {model}")
-    rt = DFlashRuntime.from_pretrained(model, draft)
+    rt = DFlashRuntime.from_pretrained(model, draft, DFlashConfig(dtype="float32"))
     warm = [{"role": "user", "content": "Hi"}]
     rt.generate(warm, max_tokens=4)  # compile both paths before timing them
     rt.generate(warm, max_tokens=4, speculative=False)

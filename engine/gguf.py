@@ -1,9 +1,13 @@
 """Load a llama-architecture GGUF (llama.cpp's format) as an mlx-lm llama model + tokenizer.
 
-Weights are dequantized up front: on CPU, MLX's quantized matmuls are far slower than plain
-fp32 ones with a fast BLAS, and a small target model fits easily either way. F32/F16/Q4_0/Q4_1/
-Q8_0 tensors load through `mx.load` (fast); any other type (Q4_K, Q6_K, ...) goes through the
-`gguf` package's reference dequantizers, since MLX mis-reads or refuses those.
+Two ways to hold the weights. Dequantized (`quantized=False`, the CPU's way): on CPU, MLX's
+quantized matmuls are far slower than plain fp32 ones with a fast BLAS. At checkpoint precision
+(`quantized=True`, GPUs and Metal): Q4_0/Q4_1/Q8_0 tensors stay as MLX affine 4/8-bit layers at
+group size 32 (`mx.load` reads them into exactly that layout: Q4_1 is MLX's affine format, and
+Q4_0/Q8_0 are affine with a bias of -8 / -128 scales), so the same weights run at a quarter of
+the memory traffic. F32/F16/Q4_0/Q4_1/Q8_0 tensors load through `mx.load` (fast); any other
+type (Q4_K, Q6_K, ...) goes through the `gguf` package's reference dequantizers, since MLX
+mis-reads or refuses those (such a file always loads dequantized).
 
 The tokenizer is rebuilt from the GGUF metadata with transformers' GGUF converter (no torch) and
 written once as a tokenizer folder next to the GGUF, which mlx-lm then loads like any other.
@@ -49,19 +53,27 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 
 
-def load_gguf_target(path: Path, dtype: str | None = None) -> tuple[nn.Module, TokenizerWrapper]:
-    """An mlx-lm llama `Model` (weights dequantized to `dtype`) and its tokenizer.
+def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = False
+                     ) -> tuple[nn.Module, TokenizerWrapper]:
+    """An mlx-lm llama `Model` and its tokenizer.
 
-    `dtype=None`: float32 (fast on CPU with BLAS; exact verify-vs-decode agreement on GPU).
+    `quantized=False`: every weight dequantized to `dtype` (None: float32, fast on CPU with
+    BLAS). `quantized=True`: Q4_0/Q4_1/Q8_0 weights kept as MLX affine quantized layers, the
+    float tensors (scales, biases, norms) in `dtype` (None: float16, the dtype the GGUF stores
+    its scales in, so the weights are exactly the file's); that dtype is the activations'.
     """
     path = Path(path).expanduser()
     metadata, types = read_header(path)
     args = model_args(metadata, types, path)
-    target = getattr(mx, dtype) if dtype else default_dtype()
-    weights = load_weights(path, types, args, target)
+    keep = quantized and all(t in MLX_TYPES for t in types.values())
+    target = getattr(mx, dtype) if dtype else (mx.float16 if keep else default_dtype())
+    weights, bits = load_weights(path, types, args, target, keep)
     from mlx_lm.models.llama import Model, ModelArgs
 
     model = Model(ModelArgs(**args))
+    if bits:
+        nn.quantize(model, class_predicate=lambda p, m: p in bits and {
+            "group_size": GROUP, "bits": bits[p], "mode": "affine"})
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
@@ -180,12 +192,14 @@ def model_args(metadata: dict[str, Any], types: dict[str, int], path: Path) -> d
     )
 
 
-def load_weights(path: Path, types: dict[str, int], args: dict[str, Any],
-                 dtype: mx.Dtype) -> dict[str, mx.array]:
-    """mlx-lm parameter name -> dequantized weight, q/k rows back in HF order."""
+def load_weights(path: Path, types: dict[str, int], args: dict[str, Any], dtype: mx.Dtype,
+                 quantized: bool = False) -> tuple[dict[str, mx.array], dict[str, int]]:
+    """-> (mlx-lm parameter name -> weight, q/k rows back in HF order; module path -> bits of
+    the layers kept quantized). `quantized`: Q4_0/Q4_1/Q8_0 tensors stay packed, with their
+    scales and biases in `dtype`; otherwise every weight is dequantized to `dtype`."""
     unknown = sorted({t for t in types.values() if t not in MLX_TYPES})
     try:
-        raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types)
+        raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types, quantized)
     except (ValueError, RuntimeError, OSError, KeyError, IndexError) as exc:
         # A truncated or damaged file: mx.load says e.g. "Tensor ... extends past the end".
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -193,19 +207,29 @@ def load_weights(path: Path, types: dict[str, int], args: dict[str, Any],
             f"{path}: damaged GGUF ({detail}). Fix: download it again; a partial or corrupt "
             "copy looks like this."
         ) from exc
-    weights = {}
+    weights, bits = {}, {}
     for name, w in raw.items():
         if name == "rope_freqs.weight":
             raise UnsupportedModel(f"{path}: llama3-style rope_freqs are not supported.")
         mlx_name = _mlx_name(name, path)
+        module = mlx_name.removesuffix(".weight")
+        parts = w if isinstance(w, tuple) else (w,)
+        # q/k rows (output features) back in HF order: packed rows, scales and biases alike.
         if mlx_name.endswith("q_proj.weight"):
-            w = unpermute(w, args["num_attention_heads"])
+            parts = tuple(unpermute(p, args["num_attention_heads"]) for p in parts)
         elif mlx_name.endswith("k_proj.weight"):
-            w = unpermute(w, args["num_key_value_heads"])
-        weights[mlx_name] = w.astype(dtype)
+            parts = tuple(unpermute(p, args["num_key_value_heads"]) for p in parts)
+        if len(parts) == 3:
+            packed, scales, biases = parts
+            bits[module] = packed.shape[-1] * 32 // (scales.shape[-1] * GROUP)
+            weights[mlx_name] = packed
+            weights[f"{module}.scales"] = scales.astype(dtype)
+            weights[f"{module}.biases"] = biases.astype(dtype)
+        else:
+            weights[mlx_name] = parts[0].astype(dtype)
     # The embedding's rows are the model's vocabulary (the token list may be shorter).
     args["vocab_size"] = weights["model.embed_tokens.weight"].shape[0]
-    return weights
+    return weights, bits
 
 
 def _mlx_name(name: str, path: Path) -> str:
@@ -223,16 +247,21 @@ def unpermute(w: mx.array, n_head: int) -> mx.array:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def _load_with_mlx(path: Path, types: dict[str, int]) -> dict[str, mx.array]:
+def _load_with_mlx(path: Path, types: dict[str, int], quantized: bool = False
+                   ) -> dict[str, mx.array | tuple[mx.array, mx.array, mx.array]]:
+    """name -> fp32 tensor, or with `quantized` (packed, scales, biases) for quantized ones."""
     arrays = mx.load(str(path))
-    return {name: _mlx_tensor(arrays, name) for name in types}
-
-
-def _mlx_tensor(arrays: dict[str, mx.array], name: str) -> mx.array:
-    base = name.removesuffix(".weight")
-    if f"{base}.scales" not in arrays:
-        return arrays[name].astype(mx.float32)
-    return dequantize(arrays[name], arrays[f"{base}.scales"], arrays[f"{base}.biases"])
+    out: dict[str, mx.array | tuple[mx.array, mx.array, mx.array]] = {}
+    for name in types:
+        base = name.removesuffix(".weight")
+        if f"{base}.scales" not in arrays:
+            out[name] = arrays[name].astype(mx.float32)
+            continue
+        packed, scales, biases = (arrays[name], arrays[f"{base}.scales"],
+                                  arrays[f"{base}.biases"])
+        out[name] = (packed, scales, biases) if quantized else dequantize(packed, scales,
+                                                                          biases)
+    return out
 
 
 def dequantize(packed: mx.array, scales: mx.array, biases: mx.array) -> mx.array:

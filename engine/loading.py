@@ -72,10 +72,36 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
 
 
 # -- target -------------------------------------------------------------------------------
-def pick_dtype(requested: str | None) -> mx.Dtype | None:
-    """The dtype asked for, or None: keep the checkpoint's own, exactly as mlx-lm loads it
-    (so greedy output matches mlx-lm's on the same folder; pass float32 for speed on CPU)."""
-    return getattr(mx, requested) if requested is not None else None
+def checkpoint_precision(requested: str | None, backend: str | None = None) -> bool:
+    """The numerics policy: with no dtype asked for, GPUs and Metal run the target as its
+    checkpoint stores it (bf16, 4-bit; the SmolLM2 GGUF's Q4_1/Q8_0 blocks as MLX affine
+    4/8-bit layers), the CPU runs float32 (its fast dtype: quantized and bf16 matmuls are
+    slower there than fp32 BLAS). A dtype asked for (--dtype) overrides both."""
+    if requested is not None:
+        return False
+    from .device import current
+
+    return (backend or current()) != "cpu"
+
+
+def quantization(model: nn.Module) -> dict | None:
+    """How a loaded model's quantized layers store their weights (None: none is)."""
+    layers = [m for _, m in model.named_modules()
+              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    if not layers:
+        return None
+    return {"layers": len(layers), "bits": sorted({m.bits for m in layers}),
+            "group_size": sorted({m.group_size for m in layers}),
+            "mode": sorted({m.mode for m in layers})}
+
+
+def dequantize_floats(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Quantized layers back to dense ones, every float parameter in `dtype`."""
+    if quantization(model):
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(model)
+    cast_floats(model, dtype)
 
 
 def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
@@ -88,10 +114,12 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
     model.update(params)
 
 
-def load_target(model_id: str, dtype: str | None = None,
-                progress: Progress | None = None) -> tuple[nn.Module, Any, str]:
+def load_target(model_id: str, dtype: str | None = None, progress: Progress | None = None,
+                backend: str | None = None) -> tuple[nn.Module, Any, str]:
     """-> (mlx-lm model, tokenizer wrapper, resolved id). SmolLM2's registry id loads the
-    offline GGUF; anything else goes through mlx-lm from a folder or the hub."""
+    offline GGUF; anything else goes through mlx-lm from a folder or the hub. `dtype` None:
+    the numerics policy of `checkpoint_precision` for `backend` (default: this machine's)."""
+    as_stored = checkpoint_precision(dtype, backend)
     pair = find_pair(model_id)
     if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
         from .gguf import load_gguf_target
@@ -101,10 +129,11 @@ def load_target(model_id: str, dtype: str | None = None,
         gguf = smollm2_gguf_path(progress)
         _say(progress, "loading SmolLM2-135M-Instruct (GGUF)")
         try:
-            model, tokenizer = load_gguf_target(gguf, dtype=dtype)
+            model, tokenizer = load_gguf_target(gguf, dtype, as_stored)
         except ModelNotAvailable:
             # Right size, wrong bytes: the full digest check finds it and fetches it again.
-            model, tokenizer = load_gguf_target(smollm2_gguf_path(progress, verify=True), dtype)
+            model, tokenizer = load_gguf_target(smollm2_gguf_path(progress, verify=True), dtype,
+                                                as_stored)
         return model, tokenizer, DEFAULT_TARGET
     from mlx_lm.utils import load
 
@@ -118,7 +147,8 @@ def load_target(model_id: str, dtype: str | None = None,
         raise UnsupportedModel(
             f"mlx-lm could not load {model_id} ({detail}). Fix: pass an mlx-lm compatible model."
         ) from exc
-    cast_floats(model, pick_dtype(dtype))
+    if not as_stored:  # the CPU's float32, or the dtype asked for
+        dequantize_floats(model, getattr(mx, dtype or "float32"))
     return model, tokenizer, model_id
 
 

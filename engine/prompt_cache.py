@@ -156,6 +156,10 @@ class PromptCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
 
+    def tokens(self) -> list[list[int]]:
+        """The tokens each entry holds, least recently used first."""
+        return [list(e.tokens) for e in self._entries.values()]
+
     def clear(self) -> None:
         self._entries.clear()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -13,10 +13,10 @@ from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
 from .draft import DFlashDraft
-from .draft_head import build_draft_head
+from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target
+from .loading import Progress, load_draft, load_target, quantization
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -45,7 +45,7 @@ class DFlashRuntime:
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
         self.target.warm_up()  # native kernels compile here, not mid-reply
-        self.min_confidence = self.config.min_confidence()
+        self.min_confidence = self.config.min_confidence(device.current())
         if lockstep is not None:
             # The verify cut's length comes from each rank's own draft probabilities: every
             # rank must verify the same number of tokens, so sharded targets verify whole
@@ -140,6 +140,7 @@ class DFlashRuntime:
             "draft": self.draft_id,
             "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
+            "quantization": quantization(self.model),  # None: plain float weights
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "max_ctx": self.config.max_ctx,
@@ -179,7 +180,9 @@ class DFlashRuntime:
         mx.reset_peak_memory()
         reuse: list[PromptState] = []  # filled on the first next(): the state it resumed
         if use_draft:
-            commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse)
+            stop_ids = () if no_eos else frozenset(self.tokenizer.eos_token_ids)
+            commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse,
+                                        stop_ids)
         else:
             commits = self._plain(ids, max_tokens, sampler, reuse)
         if self.lockstep is not None:  # what the followers run (distributed.follow)
@@ -198,13 +201,19 @@ class DFlashRuntime:
         reuse.append(state)
         return state
 
+    def make_proposer(self, head: DraftHead, draft_cache: list[Any]) -> DraftProposer:
+        """The cycle's proposer: the draft with its output head, verify cut and context cache.
+        The oracle cost benchmark (`dflash benchmark --oracle-tokens-per-cycle`) puts its own
+        proposer here."""
+        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache)
+
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
-                     sampler: Sampler | None, reuse: list[PromptState]) -> Iterator[Commit]:
+                     sampler: Sampler | None, reuse: list[PromptState],
+                     stop_ids: Collection[int] = ()) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
-        proposer = DraftProposer(self.target, self.draft, head, self.min_confidence,
-                                 state.draft_cache)
+        proposer = self.make_proposer(head, state.draft_cache)
         todo = ids[state.cached:]
         if state.recurrent:
             # Recurrent states cannot be cut back: prefill up to the last prompt token and
@@ -217,7 +226,8 @@ class DFlashRuntime:
             todo = todo[-1:]
         yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
                                       self.config.prefill_chunk, cache=state.cache,
-                                      sync_phases=profile, sampler=sampler)
+                                      sync_phases=profile, sampler=sampler,
+                                      stop_ids=stop_ids)
 
     def _plain(self, ids: list[int], max_tokens: int, sampler: Sampler | None,
                reuse: list[PromptState]) -> Iterator[Commit]:

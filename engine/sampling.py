@@ -17,39 +17,13 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .errors import ConfigError
+# Plain Python, in config so a UI can check settings without loading MLX; re-exported here.
+from .config import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy (the target's argmax), the lossless default
-    top_p: float = 1.0  # keep the most likely tokens up to this total probability; 1: off
-    top_k: int = 0  # keep the k most likely tokens; 0: off
-    min_p: float = 0.0  # keep tokens at least this fraction of the top one's probability; 0: off
-    seed: int | None = None  # None: a fresh seed per call
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("temperature", self.temperature, self.temperature >= 0, "0 (greedy) or more"),
-            ("top_p", self.top_p, 0 < self.top_p <= 1, "a probability in (0, 1]"),
-            ("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 0,
-             "a whole number, 0 for off"),
-            ("min_p", self.min_p, 0 <= self.min_p < 1, "a fraction in [0, 1)"),
-        )
-        for name, value, ok, expected in checks:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
-                raise ConfigError(f"{name}={value!r} is invalid. Fix: use {expected}.")
-        if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int)):
-            raise ConfigError(f"seed={self.seed!r} is invalid. Fix: use a whole number.")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+__all__ = ["Sampler", "SamplingParams", "full_vocab"]
 
 
 class Sampler:

@@ -1,7 +1,12 @@
 """Print the README's benchmark tables from the JSON files in benchmarks/ (never typed in).
 
     python scripts/bench_table.py benchmarks/smollm2-*-cpu.json benchmarks/smollm2-*-h200.json
+    python scripts/bench_table.py benchmarks/smollm2-{mt-bench,humaneval,gsm8k}-t0.7-cpu.json
     python scripts/bench_table.py --synthetic benchmarks/synthetic-*.json
+
+A file named but not there yet gets a "not measured yet" row, so a table can be printed before
+its runs and printed again after them by the same command. Sampled runs (--temperature > 0)
+have no token match (outputs differ by design): "n/a (sampled)".
 """
 
 from __future__ import annotations
@@ -11,20 +16,26 @@ import sys
 from pathlib import Path
 
 
+def match(value: bool | None) -> str:
+    return "n/a (sampled)" if value is None else "yes" if value else "NO"
+
+
 def row(path: Path) -> str:
+    suite = path.stem.split("-", 1)[1].rsplit("-", 1)[0]  # smollm2-<suite...>-<machine>
+    if not path.exists():
+        return f"| {suite} ({path.name}) | not measured yet |" + " |" * 10
     report = json.loads(path.read_text())
     s = report["summary"]
     machine = report["machine"].get("gpu") or report["machine"].get("processor") or "?"
     cores = report["machine"].get("cpu_count")
     extra = f", {cores} cores" if report["backend"] == "cpu" else ""
     where = f"{report['backend']} ({machine}{extra})"
-    suite = path.stem.split("-", 1)[1].rsplit("-", 1)[0]  # smollm2-<suite...>-<machine>
     return (f"| {suite} ({path.name}) | {where}, {report['dtype']} | {s['runs']} | "
             f"{report['settings']['max_tokens']} | {s['baseline_tokens_per_second_median']:.1f} | "
             f"{s['dflash_tokens_per_second_median']:.1f} | {s['speedup_median']:.2f}x | "
             f"{s['acceptance_rate_mean']:.1%} | {s['tokens_per_cycle_mean']:.2f} | "
             f"{s['tokens_per_cycle_nonloop_mean']:.2f} | {s['repeat4_share_mean']:.2f} | "
-            f"{'yes' if s['token_match'] else 'NO'} |")
+            f"{match(s['token_match'])} |")
 
 
 def synthetic_row(path: Path) -> str:

@@ -1,20 +1,22 @@
 """Multi-turn time to first token with conversation-state reuse (issue #14's benchmark).
 
-    python scripts/multiturn_bench.py --json benchmarks/smollm2-multiturn-cpu.json
+    python scripts/multiturn_bench.py --limit 10 --json benchmarks/smollm2-multiturn-cpu.json
 
-Two parts, one process, the offline default pair unless --model / --draft say otherwise:
+Three parts, one process, the offline default pair unless --model / --draft say otherwise:
 1. MT-Bench's two-turn questions: turn 1 is answered (filling the cache), then turn 2's
    prompt (turn 1, its answer, the follow-up) is timed twice: resumed from the cache, and
    after rt.clear_cache() as a fresh prefill. Both must give the same tokens (lossless).
 2. One long conversation (MT-Bench first turns as user messages, the model's answers fed
-   back) until it holds --long-tokens tokens or --long-turns turns: each turn's TTFT with
-   reuse, and the last turn's fresh-prefill TTFT for scale. Done when the last turn's TTFT
-   is within 1.5x of the first turn's.
+   back) of at least --long-turns turns, until it holds --long-tokens tokens. Per turn: the
+   prompt, cached and prefilled tokens, how much of the held state the re-rendered prompt
+   repeats (a reply that re-tokenizes differently would show here), the TTFT, and the TTFT
+   of the same new tokens alone (no history, no cache); then the last turn's fresh-prefill
+   TTFT for scale. Done when the last turn's TTFT is within 1.5x of the first turn's.
+3. The history's cost: a 64-token prefill over 0..4,000 tokens of (random) KV history, and
+   MLX's elementwise exp against numpy's: reuse removes the re-reading of the history, not
+   the new tokens' attention over it, which on CPU MLX computes unfused with a scalar exp.
 
-Timings on a busy machine are noise: run it alone. Reuse removes the re-reading of the
-history, not the new tokens' attention over it: on CPU that attention (new x cached scores
-per head and layer, bound by MLX's scalar exp) grows with the conversation. The JSON lists
-each turn's prefilled tokens so the two are told apart.
+Timings on a busy machine are noise: run it alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -83,37 +84,127 @@ def two_turn(rt, questions: list[dict], max_tokens: int, probe_tokens: int) -> d
 
 def long_conversation(rt, questions: list[dict], turns: int, target_tokens: int,
                       max_tokens: int) -> dict:
+    """Turns until the conversation holds `target_tokens` (at least `turns` turns). Each turn
+    also times its prefilled tokens alone (the same ids, no history, no cache): the gap is
+    what attending to the history costs the new tokens; the reuse itself reads nothing."""
+    from dataclasses import replace
+
+    from engine.runtime import DFlashRuntime
+
+    bare = DFlashRuntime(rt.model, rt.tokenizer, rt.draft,
+                         replace(rt.config, prompt_cache_bytes=0), rt.target_id, rt.draft_id,
+                         rt.target, rt.token_ranking)
     rt.clear_cache()
     messages: list[dict] = []
     rows = []
     for i in range(turns * 3):  # short answers: more turns until the conversation is long
         messages.append({"role": "user", "content": questions[i % len(questions)]["turns"][0]})
-        result = rt.generate(messages, max_tokens=max_tokens)
-        rows.append({"turn": i + 1, "prompt_tokens": result.prompt_tokens,
-                     "cached_tokens": result.cached_tokens,
-                     "prefilled_tokens": result.prompt_tokens - result.cached_tokens,
-                     "ttft_s": result.ttft_s, "reply_tokens": result.total_tokens})
+        ids = rt.encode(messages)
+        # the tokens the most recent state holds: the previous prompt and reply as generated
+        held = rt.prompt_cache.tokens()[-1] if len(rt.prompt_cache) else []
+        result = rt.generate(ids, max_tokens=max_tokens)
+        new = ids[result.cached_tokens:]
+        alone = bare.generate(new, max_tokens=1)
+        rows.append({
+            "turn": i + 1, "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+            "prefilled_tokens": len(new),
+            # how much of the held state the re-rendered prompt repeats token for token (a
+            # reply that tokenizes differently once re-rendered would cut the reuse short)
+            "history_tokens": len(held), "history_matching": _common(held, ids),
+            "ttft_s": result.ttft_s, "ttft_prefilled_alone_s": alone.ttft_s,
+            "reply_tokens": len(result.tokens), "finish_reason": result.finish_reason,
+        })
         print(f"turn {i + 1}: {result.prompt_tokens} prompt tokens ({result.cached_tokens} "
-              f"cached), ttft {result.ttft_s * 1000:.0f} ms", file=sys.stderr)
+              f"cached), ttft {result.ttft_s * 1000:.0f} ms; its {len(new)} new tokens alone "
+              f"{alone.ttft_s * 1000:.0f} ms", file=sys.stderr)
         messages.append({"role": "assistant", "content": result.text})
-        if i + 1 >= turns and result.prompt_tokens + result.total_tokens >= target_tokens:
+        if i + 1 >= turns and result.prompt_tokens + len(result.tokens) >= target_tokens:
             break
-    last = messages[:-1]  # the last turn's prompt again, fresh
     rt.clear_cache()
-    fresh = rt.generate(last, max_tokens=4)
-    ratio = rows[-1]["ttft_s"] / rows[0]["ttft_s"]
+    fresh = rt.generate(messages[:-1], max_tokens=4)  # the last turn's prompt again, fresh
+    first, last = rows[0], rows[-1]
+    ratio = last["ttft_s"] / first["ttft_s"]
     return {
-        "turns": rows, "conversation_tokens": rows[-1]["prompt_tokens"]
-        + rows[-1]["reply_tokens"],
+        "turns": rows, "conversation_tokens": last["prompt_tokens"] + last["reply_tokens"],
+        "last_turn": last["turn"], "last_turn_prompt_tokens": last["prompt_tokens"],
+        "first_turn_ttft_s": first["ttft_s"], "last_turn_ttft_s": last["ttft_s"],
         "last_turn_ttft_fresh_s": fresh.ttft_s,
         "last_vs_first_ttft": ratio, "within_1_5x": ratio <= 1.5,
+        # the same ratio without the history's attention: the last turn's new tokens alone
+        "last_alone_vs_first_ttft": last["ttft_prefilled_alone_s"] / first["ttft_s"],
+        # every later turn resumed from all of the held state its prompt repeats
+        "all_history_reused": all(r["cached_tokens"] >= min(r["history_matching"],
+                                                            r["prompt_tokens"] - 1)
+                                  for r in rows[1:]),
     }
 
 
-def main() -> int:
-    from engine.blas import ensure_fast_blas
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
-    ensure_fast_blas(sys.argv)
+
+def history_cost(rt, new: int = 64, histories: tuple[int, ...] = (0, 1000, 2000, 4000)
+                 ) -> dict:
+    """What a turn's new tokens cost over a history of each length: one prefill forward of
+    `new` tokens on top of KV caches holding that many (random) tokens: the cost depends
+    only on the shapes. Then MLX's elementwise exp against numpy's, per element: the CPU
+    softmax's share of attention. Attention-only targets (KV caches) only."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import KVCache
+
+    cache = rt.target.make_cache()
+    if not all(type(c) is KVCache for c in cache):
+        return {"skipped": "the target has non-attention layers"}
+    args = rt.target.args
+    dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+    heads = args.num_key_value_heads
+    ids = mx.array([list(range(100, 100 + new))])
+    rows = []
+    for n in histories:
+        cache = rt.target.make_cache()
+        if n:
+            for c in cache:
+                c.keys, c.values = (mx.random.normal((1, heads, n, dim)) for _ in "kv")
+                c.offset = n
+            mx.eval([c.keys for c in cache], [c.values for c in cache])
+
+        def step(cache=cache):
+            logits, _ = rt.target.forward(ids, cache, [], last_only=True)
+            mx.eval(logits)
+            for c in cache:
+                c.trim(new)
+
+        rows.append({"history_tokens": n, "new_tokens": new, "prefill_s": _best(step)})
+    x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+    y = mx.array(x)
+    mx.eval(y)
+    return {
+        "rows": rows,
+        "ms_per_new_token_per_1000_history": 1000 * (rows[-1]["prefill_s"] - rows[0]["prefill_s"])
+        / new / (histories[-1] / 1000),
+        "mlx_exp_ns_per_element": 1e9 * _best(lambda: mx.eval(mx.exp(y))) / x.size,
+        "numpy_exp_ns_per_element": 1e9 * _best(lambda: np.exp(x)) / x.size,
+    }
+
+
+def _best(fn, repeat: int = 3) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> int:
+    import engine  # noqa: F401  (loads the fast BLAS before MLX)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--draft", default=None)
@@ -128,12 +219,13 @@ def main() -> int:
     p.add_argument("--long-max-tokens", type=int, default=400, help="answer length per turn")
     p.add_argument("--skip-long", action="store_true", help="MT-Bench two-turn part only")
     p.add_argument("--skip-two-turn", action="store_true", help="long conversation only")
+    p.add_argument("--skip-history-cost", action="store_true",
+                   help="skip timing new tokens over a history of each length")
     p.add_argument("--json", metavar="PATH", help="write the report here")
     args = p.parse_args()
 
-    import mlx.core as mx
 
-    from engine.device import current as current_backend
+    from engine.bench.environment import environment
     from engine.runtime import DFlashRuntime
 
     path = find_mt_bench(args.data_dir)
@@ -144,10 +236,8 @@ def main() -> int:
     report = {
         "command": "python scripts/multiturn_bench.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "backend": current_backend(), "mlx": mx.__version__,
-                    "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-                    "blas_preload": os.environ.get("LD_PRELOAD")},
+        **environment(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "pair": rt.describe(),
         "prompt_cache_bytes": rt.prompt_cache.max_bytes,
     }
@@ -157,8 +247,10 @@ def main() -> int:
     if not args.skip_long:
         report["long_conversation"] = long_conversation(
             rt, questions, args.long_turns, args.long_tokens, args.long_max_tokens)
+    if not args.skip_history_cost:
+        report["history_cost"] = history_cost(rt)
     if hasattr(os, "getloadavg"):  # other work during the run shows here
-        report["machine"]["load_average_after"] = os.getloadavg()
+        report["load_average_after"] = os.getloadavg()
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

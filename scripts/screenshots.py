@@ -216,6 +216,14 @@ async def shoot(real: bool, painter: Painter | None) -> list[Path]:
         await pilot.press("f1")
         await pilot.pause(0.3)
         save("help")
+        await pilot.press("escape")
+        await pilot.press("f5")
+        await pilot.pause(0.3)
+        for name, value in {"temperature": "0.7", "top_p": "0.95", "seed": "1"}.items():
+            app.screen.field(name).value = value  # typed, not saved: the screen as it is used
+        app.screen.field("seed").cursor_blink = False
+        await pilot.pause(0.3)
+        save("settings")
     return saved
 
 

@@ -178,6 +178,47 @@ def test_missing_or_corrupt_file(tmp_path):
         eg.load_gguf_target(bad)
 
 
+@pytest.mark.parametrize("qtype, tied", [(T.Q4_1, True), (T.Q8_0, False), (T.Q4_0, False)])
+def test_quantized_load_matches_dequantized(tmp_path, qtype, tied):
+    # Checkpoint precision keeps the file's blocks as MLX affine layers (group 32): the same
+    # weights as the dequantized load, so the same logits up to summation order.
+    import mlx.nn as nn
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, qtype, tied)
+    dense, _ = eg.load_gguf_target(path, dtype="float32")
+    packed, _ = eg.load_gguf_target(path, dtype="float32", quantized=True)
+    q_proj = packed.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, nn.QuantizedLinear) and q_proj.group_size == eg.GROUP
+    assert q_proj.bits == (8 if qtype == T.Q8_0 else 4)
+    assert isinstance(packed.model.embed_tokens, nn.QuantizedEmbedding)
+    # The packed rows (q/k unpermuted with their scales) dequantize to the dense weights.
+    w = mx.dequantize(q_proj.weight, q_proj.scales, q_proj.biases, group_size=eg.GROUP,
+                      bits=q_proj.bits)
+    assert mx.abs(w - dense.model.layers[0].self_attn.q_proj.weight).max().item() < 1e-6
+    tokens = mx.array([[1, 10, 20, 30, 4, 5, 6, 2]])
+    assert mx.abs(packed(tokens) - dense(tokens)).max().item() < 1e-3
+    # Without a dtype the float tensors keep the scales' own float16.
+    half, _ = eg.load_gguf_target(path, quantized=True)
+    assert half.model.layers[0].self_attn.q_proj.scales.dtype == mx.float16
+    assert half(tokens).dtype == mx.float16
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_matmul_equals_dequantized_matmul(bits):
+    # On the CPU: a matmul with the packed affine weights (what checkpoint precision runs)
+    # equals one with the weights dequantized (what the fp32 CPU path runs).
+    rng = np.random.default_rng(bits)
+    w = mx.array(rng.standard_normal((8, 64)).astype(np.float32))
+    packed, scales, biases = mx.quantize(w, group_size=eg.GROUP, bits=bits)
+    dense = eg.dequantize(packed, scales, biases)
+    ref = mx.dequantize(packed, scales, biases, group_size=eg.GROUP, bits=bits)
+    assert mx.abs(dense - ref).max().item() < 1e-6
+    x = mx.array(rng.standard_normal((16, 64)).astype(np.float32))
+    got = mx.quantized_matmul(x, packed, scales, biases, group_size=eg.GROUP, bits=bits)
+    assert mx.abs(got - x @ dense.T).max().item() < 1e-4
+
+
 def smollm2_or_skip() -> Path:
     from engine.offline import GGUF_NAME, cache_root, smollm2_gguf_path
 
@@ -193,7 +234,7 @@ def test_smollm2_weights_match_gguf_package():
     path = smollm2_or_skip()
     metadata, types = eg.read_header(path)
     args = eg.model_args(metadata, types, path)
-    weights = eg.load_weights(path, types, args, mx.float32)
+    weights, _ = eg.load_weights(path, types, args, mx.float32)
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     for name, mlx_name in (("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
                            ("token_embd.weight", "model.embed_tokens.weight")):
@@ -212,3 +253,15 @@ def test_smollm2_answers_paris():
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert "Paris" in generate(model, tok, prompt=prompt, max_tokens=12)
+
+
+@pytest.mark.slow
+def test_smollm2_checkpoint_precision_is_the_dequantized_model():
+    # The real file's Q4_1/Q8_0 blocks as MLX affine layers (fp32 activations here, so only
+    # the summation order differs from the dequantized model).
+    path = smollm2_or_skip()
+    dense, tok = eg.load_gguf_target(path, "float32")
+    packed, _ = eg.load_gguf_target(path, "float32", quantized=True)
+    assert {packed.model.layers[0].mlp.up_proj.bits, packed.model.embed_tokens.bits} == {4, 8}
+    ids = mx.array([tok.encode("The capital of France is")])
+    assert mx.abs(dense(ids) - packed(ids)).max().item() < 1e-3

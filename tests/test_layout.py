@@ -145,3 +145,4 @@ def test_ui_facing_modules_load_no_mlx():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ENGINE.parent, check=True)
     assert [m for m in json.loads(run.stdout) if is_under(m, ("mlx", "mlx_lm"))] == []
+

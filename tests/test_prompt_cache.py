@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
 
 from engine.config import DFlashConfig
+from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.errors import ConfigError
 from engine.prompt_cache import default_cache_bytes, resolve_cache_bytes
 from engine.runtime import DFlashRuntime
@@ -179,3 +183,74 @@ def test_switching_conversations_keeps_each_ones_state(pairs, family):
     a += [{"role": "assistant", "content": first_a.text}, {"role": "user", "content": "More?"}]
     again = same(rt, ref, a)
     assert again.cached_tokens >= first_a.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reply_sent_back_changed_reuses_the_prefix_it_shares(pairs, family):
+    """A client that sends the reply back altered (stripped, re-spaced: it then tokenizes
+    differently from the tokens generated) gets the shared prefix from the cache, not more,
+    and the same output as a fresh prefill."""
+    rt, ref = pairs(family)
+    rt.clear_cache()
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    first = same(rt, ref, messages)
+    held = rt.prompt_cache.tokens()[-1]
+    assert held[:first.prompt_tokens] == rt.encode(messages)
+    messages += [{"role": "assistant", "content": " " + first.text.strip() + " \n"},
+                 {"role": "user", "content": "More?"}]
+    ids = rt.encode(messages)
+    shared = next(i for i, (a, b) in enumerate(zip(held, ids)) if a != b)
+    assert shared < len(held)  # the altered reply no longer matches what was generated
+    second = same(rt, ref, messages)
+    assert first.prompt_tokens - 1 <= second.cached_tokens <= shared
+    if family != "qwen3_5":  # attention caches are cut right at the difference
+        assert second.cached_tokens == shared
+
+
+class TrueContinuation(DraftProposer):
+    """Proposes the target's own greedy continuation: every draft is accepted."""
+
+    def __init__(self, rt, truth):
+        super().__init__(rt.target, rt.draft)
+        self.truth = truth
+
+    def propose(self, staged, size, position):
+        drafted = list(self.truth[position + 1: position + size])
+        return mx.array([[staged] + drafted + [0] * (size - 1 - len(drafted))])
+
+
+def states(cache):
+    """A target cache's arrays: KV up to its offset, recurrent states whole."""
+    out = []
+    for c in cache:
+        if isinstance(c, KVCache):
+            out += list(c.keys_and_values())
+        else:
+            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_stop_accepted_mid_block_leaves_the_state_just_before_it(tiny_pairs, family):
+    """The stop token comes as an accepted draft with more accepted after it: decoding ends
+    there and the caches hold the prompt and the reply before the stop, nothing past it (a
+    recurrent state holding the tokens after it would not be a prefix of the next turn)."""
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello! How can I help you today?")
+    reply = rt.generate(ids, max_tokens=24, no_eos=True, speculative=False).tokens
+    # the stop: the latest token of the first block that occurs there for the first time
+    k = max(i for i in range(2, 15) if reply[i] not in reply[:i])
+    proposer, cache = TrueContinuation(rt, ids + reply), rt.target.make_cache()
+    commits = list(speculative_decode(rt.target, proposer, ids, 24, 16, 512, cache,
+                                      stop_ids={reply[k]}))
+    assert len(commits) == 2  # the prefill's token, then one block holding the stop
+    tokens = commits[0].tokens + commits[1].tokens
+    assert tokens[: k + 1] == reply[: k + 1] and len(tokens) > k + 1
+    assert rt.target.cache_length(cache) == len(ids) + k
+    assert all(c.offset == len(ids) + k for c in proposer.cache)
+    ref = rt.target.make_cache()
+    prefill(rt.target, ref, ids + reply[:k], 512)
+    got, want = states(cache), states(ref)
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and mx.allclose(g, w, atol=1e-4, rtol=1e-4).item()

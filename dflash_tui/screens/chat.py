@@ -26,7 +26,7 @@ from dflash_tui.widgets.transcript import MessageView, Transcript
 from dflash_tui.worker import GenerateJob
 
 if TYPE_CHECKING:
-    from dflash_tui.app import DFlashChatApp
+    from dflash_tui.app import ChatSettings, DFlashChatApp
 
 FLUSH_INTERVAL = 0.5  # seconds between DB writes of a streaming reply (kill -9 loses < 1 s)
 COMPACT_WIDTH = 90  # below this many columns the sidebar folds into the speed line
@@ -144,6 +144,12 @@ class ChatScreen(Screen):
         transcript.anchor()
         self.query_one(StatsSidebar).reset()
         self.query_one(SpeedLine).show_stats(None)
+        self.show_settings(self.app.effective())
+
+    def show_settings(self, chat: ChatSettings) -> None:
+        """Show the settings the next reply uses (the app calls this when they change)."""
+        self.query_one(StatsSidebar).set_sampling(chat)
+        self.query_one(SpeedLine).set_temperature(chat.temperature)
 
     # sending --------------------------------------------------------------------------------
 
@@ -188,7 +194,7 @@ class ChatScreen(Screen):
         self._last_flush = time.monotonic()
         self.query_one(StatsSidebar).reset()
         self.active = app.worker.submit_generate(
-            GenerateJob(self.request_id, prompt, chat.max_tokens, chat.block_size)
+            GenerateJob(self.request_id, prompt, chat.max_tokens, chat.block_size, chat.sampling)
         )
         self.refresh_bindings()  # Esc (stop) appears in the footer only while streaming
 

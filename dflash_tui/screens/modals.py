@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,7 +16,11 @@ from dflash_tui.config import (
     MIN_BLOCK_SIZE,
     validate_block_size,
     validate_max_tokens,
+    validate_sampling,
 )
+
+if TYPE_CHECKING:
+    from dflash_tui.app import ChatSettings
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
@@ -69,55 +75,87 @@ class Confirm(ModalScreen[bool]):
 
 
 class SettingsScreen(ModalScreen[dict | None]):
-    """System prompt, max tokens and block size for one conversation."""
+    """One conversation's settings: system prompt, reply length, block size and sampling.
+    Save checks every field; a bad one keeps the screen open with what was typed, names the
+    field and its valid range, and takes the focus."""
 
     DEFAULT_CSS = (
         MODAL_CSS.format(name="SettingsScreen")
         + """
-    SettingsScreen TextArea { height: 5; }
+    SettingsScreen > Vertical { padding: 0 2; }
+    SettingsScreen .title { margin: 1 0 0 0; }
+    SettingsScreen TextArea { height: 4; }
+    SettingsScreen .field { height: 1; margin: 0; }
+    SettingsScreen .field Label { width: 36; }
+    SettingsScreen .field Input { width: 1fr; background: $boost; }
+    SettingsScreen .note { color: $text-muted; width: 100%; }
+    SettingsScreen Horizontal.buttons { margin: 1 0; }
     """
     )
     BINDINGS = [
         Binding("escape", "dismiss(None)", "Cancel", id="dialog.cancel"),
         Binding("ctrl+s", "save", "Save", id="settings.save"),
     ]
+    # (field, label) for the one-line fields below the system prompt, in order.
+    FIELDS = (
+        ("max_tokens", "Max tokens per reply"),
+        ("block_size", f"Block size ({MIN_BLOCK_SIZE}-{MAX_BLOCK_SIZE}; 0 = the draft's)"),
+        ("temperature", "temperature (0 = greedy, exact)"),
+        ("top_p", "top_p (0 < p <= 1; 1 = off)"),
+        ("top_k", "top_k (0 = off)"),
+        ("min_p", "min_p (0 <= p < 1; 0 = off)"),
+        ("seed", "seed (empty = a new one per reply)"),
+    )
 
-    def __init__(self, system_prompt: str, max_tokens: int, block_size: int) -> None:
+    def __init__(self, current: ChatSettings) -> None:
         super().__init__()
-        self.values = (system_prompt, max_tokens, block_size)
+        self.current = current
 
     def compose(self) -> ComposeResult:
-        system_prompt, max_tokens, block_size = self.values
         with Vertical():
             yield Label("Conversation settings", classes="title")
             yield Label("System prompt")
-            yield TextArea(system_prompt, id="system")
-            yield Label("Max tokens per reply")
-            yield Input(str(max_tokens), id="max-tokens")
-            yield Label(
-                f"Draft block size ({MIN_BLOCK_SIZE}-{MAX_BLOCK_SIZE}, 0 = the draft's own)"
-            )
-            yield Input(str(block_size), id="block-size")
+            yield TextArea(self.current.system_prompt, id="system")
+            for name, label in self.FIELDS:
+                value = getattr(self.current, name)
+                with Horizontal(classes="field"):
+                    yield Label(label, markup=False)
+                    yield Input("" if value is None else str(value), id=name.replace("_", "-"),
+                                compact=True)
+            yield Label("A temperature above 0 samples the reply; the draft keeps the "
+                        "target's distribution exactly.", classes="note")
             yield Label("", classes="error", id="error", markup=False)
-            with Horizontal():
-                yield Button("Save (Ctrl+S)", variant="primary", id="save")
-                yield Button("Cancel (Esc)", id="cancel")
+            with Horizontal(classes="buttons"):
+                yield Button("Save (Ctrl+S)", variant="primary", id="save", compact=True)
+                yield Button("Cancel (Esc)", id="cancel", compact=True)
+
+    def field(self, name: str) -> Input:
+        return self.query_one(f"#{name.replace('_', '-')}", Input)
+
+    def check(self) -> dict | None:
+        """Every field's value, or None after showing the first bad one's problem."""
+        values: dict = {"system_prompt": self.query_one("#system", TextArea).text}
+        parse = {"max_tokens": validate_max_tokens, "block_size": validate_block_size}
+        for name, _ in self.FIELDS:
+            text = self.field(name).value
+            try:
+                values[name] = (parse[name](text) if name in parse
+                                else validate_sampling(name, text))
+            except ValueError as exc:
+                self.query_one("#error", Label).update(str(exc))
+                self.field(name).focus()
+                return None
+        return values
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
-        try:
-            max_tokens = validate_max_tokens(self.query_one("#max-tokens", Input).value)
-            block_size = validate_block_size(self.query_one("#block-size", Input).value)
-        except ValueError as exc:
-            self.query_one("#error", Label).update(str(exc))
-            return
-        self.dismiss(
-            {
-                "system_prompt": self.query_one("#system", TextArea).text,
-                "max_tokens": max_tokens,
-                "block_size": block_size,
-            }
-        )
+        values = self.check()
+        if values is not None:
+            self.dismiss(values)
+
+    @on(Input.Submitted)
+    def submitted(self) -> None:
+        self.action_save()
 
     @on(Button.Pressed, "#cancel")
     def cancel(self) -> None:

@@ -38,6 +38,33 @@ def speed_line(stats: Any) -> str:
     )
 
 
+def sampling_text(settings: Any, width: int = 35) -> Text:
+    """The reply's sampling settings in `width` cells: only the filters that are on, each
+    setting whole on its line (the lines after the first indented under the label)."""
+    label = "sampling "
+    text = Text(label)
+    if not settings.temperature:
+        text.append("greedy", style="bold")
+        text.append(" (temperature 0)")
+        return text
+    parts = [f"temperature {settings.temperature:g}"]
+    if settings.top_p < 1:
+        parts.append(f"top_p {settings.top_p:g}")
+    if settings.top_k:
+        parts.append(f"top_k {settings.top_k}")
+    if settings.min_p:
+        parts.append(f"min_p {settings.min_p:g}")
+    parts.append("random seed" if settings.seed is None else f"seed {settings.seed}")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(label) + len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += ", " + part
+        else:
+            lines.append(part)
+    text.append(("\n" + " " * len(label)).join(lines), style="bold")
+    return text
+
+
 class StatsSidebar(VerticalScroll):
     DEFAULT_CSS = """
     StatsSidebar { width: 38; border-left: vkey $panel; padding: 0 1; }
@@ -62,6 +89,7 @@ class StatsSidebar(VerticalScroll):
         yield Label("Model pair", classes="title")
         yield Static("not loaded", id="pair")
         yield Static("", id="speculation")
+        yield Static("", id="sampling")
         yield Label("Speculative decoding", classes="title")
         yield Static(id="numbers")
         yield Static("", id="hint")
@@ -134,6 +162,11 @@ class StatsSidebar(VerticalScroll):
             else:
                 text.append("on", style="bold green")
         self.query_one("#speculation", Static).update(text)
+
+    def set_sampling(self, settings: Any) -> None:
+        """The open conversation's sampling settings (the app's ChatSettings)."""
+        width = max(20, self.content_size.width or 35)
+        self.query_one("#sampling", Static).update(sampling_text(settings, width))
 
     def set_fallback(self, reason: str | None) -> None:
         """The finished reply's fallback reason (None: it was speculative)."""
@@ -215,5 +248,14 @@ class SpeedLine(Static):
     SpeedLine { height: 1; padding: 0 1; background: $boost; color: $text-muted; display: none; }
     """
 
+    temperature = 0.0  # shown when sampling: the sidebar that says it may be hidden
+    stats: Any = None
+
     def show_stats(self, stats: Any) -> None:
-        self.update(speed_line(stats))
+        self.stats = stats
+        note = f" · temperature {self.temperature:g}" if self.temperature else ""
+        self.update(speed_line(stats) + note)
+
+    def set_temperature(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.show_stats(self.stats)

@@ -1,9 +1,14 @@
 """`dflash benchmark`: plain mlx-lm decoding vs DFlash on the same loaded target.
 
 Both sides get the same chat-templated token ids and run in one process. Greedy (the
-default): every DFlash output must equal the baseline's token for token; a mismatch is a
-correctness bug (exit 1). With --temperature > 0 both sides sample (mlx-lm's make_sampler,
-DFlash's speculative sampling, same settings and seed): outputs differ by design, so the
+default): every DFlash output must equal the baseline's token for token in float32; with
+bf16/fp16 activations a divergence must be a near-tie (the baseline's top-1 minus top-2
+logit gap there below 0.25, reported per run); anything else is a correctness bug (exit 1).
+`--oracle-tokens-per-cycle K` replaces the draft's proposals by the target's own
+continuation, wrong at a drawn place so that a cycle commits K tokens on average (oracle.py):
+the cost of the cycle, independent of the draft's quality. With --temperature > 0 both
+sides sample (mlx-lm's make_sampler, DFlash's speculative sampling, same settings and
+seed): outputs differ by design, so the
 report has speed and acceptance, and token_match is null (tests/test_sampling.py checks
 that the distribution is the target's).
 """
@@ -16,7 +21,8 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,8 +32,17 @@ from ..config import add_engine_args, add_sampling_args, config_from_args, sampl
 from ..errors import DFlashError
 from .environment import environment
 from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from .oracle import Oracle, OracleProposer, consistent_reference
 from .suites import EVAL_DATA_ENV, PROMPT_FORMATS, BenchError, BenchPrompt, encode, load_prompts
-from .timing import Side, baseline_function, first_mismatch, run_baseline
+from .timing import (
+    NEAR_TIE_GAP,
+    Side,
+    baseline_function,
+    divergence,
+    first_mismatch,
+    near_tie,
+    run_baseline,
+)
 
 WARMUP_TOKENS = 8
 
@@ -40,6 +55,8 @@ class Options:
     no_eos: bool = False
     profile: bool = False  # DFlash: device time per cycle phase
     sampling: dict[str, Any] = field(default_factory=dict)  # generate() keywords; {}: greedy
+    oracle: float | None = None  # an oracle proposer at this mean tokens/cycle; None: draft
+    oracle_seed: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -63,9 +80,31 @@ def baseline(rt: Any, ids: list[int], opts: Options) -> Side:
                         None if opts.no_eos else rt.tokenizer, sampler)
 
 
-def run_dflash(rt: Any, ids: list[int], opts: Options) -> tuple[Side, Any]:
-    result = rt.generate(ids, max_tokens=opts.max_tokens, no_eos=opts.no_eos,
-                         profile=opts.profile, **opts.sampling)
+@contextmanager
+def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Iterator[None]:
+    """With opts.oracle and a reference: the runtime's proposer is the oracle on it (its
+    draft forward still runs, on the runtime's head, and its context follows every commit)."""
+    if opts.oracle is None or reference is None:
+        yield
+        return
+
+    def make(head: Any, cache: list[Any]) -> OracleProposer:
+        oracle = Oracle(reference, opts.oracle, rt.block_size, rt.target.vocab_size,
+                        opts.oracle_seed)
+        return OracleProposer(rt.target, rt.draft, oracle, True, head, cache)
+
+    rt.make_proposer = make
+    try:
+        yield
+    finally:
+        del rt.make_proposer
+
+
+def run_dflash(rt: Any, ids: list[int], opts: Options,
+               reference: list[int] | None = None) -> tuple[Side, Any]:
+    with oracle_proposals(rt, reference, opts):
+        result = rt.generate(ids, max_tokens=opts.max_tokens, no_eos=opts.no_eos,
+                             profile=opts.profile, **opts.sampling)
     side = Side(result.tokens, result.elapsed_s, result.prefill_s, result.peak_memory_bytes,
                 result.finish_reason)
     return side, result
@@ -113,17 +152,27 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
     bases: list[Side] = []
     flashes: list[Side] = []
     results = []
+    reference, rounds = None, None
     for _ in range(repeat):
         pause()
         bases.append(baseline(rt, ids, opts))
+        if opts.oracle is not None and reference is None:
+            # Untimed: the oracle's reference is what the verify itself commits (oracle.py).
+            reference, rounds = consistent_reference(
+                lambda ref: run_dflash(rt, ids, opts, ref)[0].tokens, bases[0].tokens)
         pause()
-        side, result = run_dflash(rt, ids, opts)
+        side, result = run_dflash(rt, ids, opts, reference)
         flashes.append(side)
         results.append(result)
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
     base, flash = median_side(bases), median_side(flashes)
     flash.update(cycle_json(results))
     bad = next((m for m in mismatches if m is not None), None)  # first index that differs
+    found = None
+    if opts.greedy and bad is not None:
+        i = next(i for i, m in enumerate(mismatches) if m is not None)
+        found = divergence(rt.model, ids, bases[i].tokens, flashes[i].tokens,
+                           rt.config.prefill_chunk)
     return {
         "prompt_id": prompt.id,
         "prompt_preview": prompt.text[:80],
@@ -134,6 +183,9 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
                     if base["tokens_per_second"] > 0 else None),
         "token_match": all(m is None for m in mismatches) if opts.greedy else None,
         "first_mismatch": bad if opts.greedy else None,
+        "divergence": found,
+        "near_tie": near_tie(found, rt.describe()["dtype"]) if found else None,
+        "oracle_reference_runs": rounds,
         "repeat4_share": repeated_ngram_share(flashes[0].tokens),
         "repeats": [{"baseline_tokens_per_second": b.tokens_per_second,
                      "dflash_tokens_per_second": f.tokens_per_second}
@@ -155,6 +207,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 def summarize(runs: list[dict]) -> dict:
     flash = [r["dflash"] for r in runs]
     base = [r["baseline"] for r in runs]
+    diverged = [r for r in runs if r.get("divergence")]
+    gaps = [r["divergence"]["gap"] for r in diverged if r["divergence"]["gap"] is not None]
     return {
         "runs": len(runs),
         "token_match": (None if any(r["token_match"] is None for r in runs)
@@ -174,6 +228,9 @@ def summarize(runs: list[dict]) -> dict:
         "repeat4_share_mean": _mean([r["repeat4_share"] for r in runs]),
         "looping_runs": sum(f["loop_start"] is not None for f in flash),
         "peak_memory_bytes_max": max((f["peak_memory_bytes"] for f in flash), default=0),
+        "divergences": len(diverged),
+        "near_tie_gap_max": max(gaps) if gaps else None,
+        "divergences_all_near_ties": all(r["near_tie"] for r in diverged) if diverged else None,
     }
 
 
@@ -190,11 +247,15 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                   repeat: int = 1, cooldown: float = 0.0, no_eos: bool = False,
                   warmup: bool = True, prompt_format: str = PROMPT_FORMATS["text"],
                   progress: Callable[[int, int, BenchPrompt], None] | None = None,
-                  profile: bool = False, sampling: dict[str, Any] | None = None) -> dict:
+                  profile: bool = False, sampling: dict[str, Any] | None = None,
+                  oracle: float | None = None, oracle_seed: int = 0) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
     `sampling`: generate() keywords (temperature, top_p, top_k, min_p, seed); None: greedy.
+    `oracle`: propose the target's own continuation at this mean tokens/cycle (greedy only).
     Returns the report dict that --json writes (without the command line)."""
-    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}))
+    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed)
+    if oracle is not None and not opts.greedy:
+        raise BenchError("--oracle-tokens-per-cycle needs greedy decoding: drop --temperature.")
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
              for i, p in enumerate(prompts)]
     timed = [0]
@@ -225,8 +286,10 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "prefill_step": rt.config.prefill_chunk,
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": profile,
-                     "min_draft_confidence": rt.min_confidence,
-                     "draft_vocab": rt.draft_vocab},
+                     "min_draft_confidence": None if oracle else rt.min_confidence,
+                     "draft_vocab": rt.draft_vocab,
+                     "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
+                     else None},
         "baseline_function": baseline_function(no_eos)
         + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
         "prompt_format": prompt_format,
@@ -251,6 +314,18 @@ def definitions() -> dict:
                          "(--profile) each phase is evaluated on its own (device time); "
                          "without, phases overlap and these are host-side times",
         "repeats": "timings are medians over --repeat runs of each prompt",
+        "divergence": "greedy runs whose tokens differ from the baseline: the first index "
+                      "(first_mismatch), both tokens, the baseline's top-1 minus top-2 logit "
+                      "gap there (gap; dflash_gap: top-1 minus DFlash's token), replayed "
+                      "untimed; near_tie: gap < "
+                      f"{NEAR_TIE_GAP} with bf16/fp16 activations (allowed by the numerics "
+                      "policy); a float32 divergence or a larger gap is a bug",
+        "oracle_tokens_per_cycle": "settings: the draft's proposals replaced by the target's "
+                                   "own continuation, wrong at a drawn place so a cycle "
+                                   "commits this many tokens on average (whole blocks; the "
+                                   "real draft forward still runs); oracle_reference_runs: "
+                                   "untimed oracle runs until its reference was what the "
+                                   "verify commits",
         "draft_vocab": "settings.draft_vocab: the draft proposes from the top N tokens of its "
                        "token_ranking.json plus each prompt's own tokens (--draft-vocab); null: "
                        "from the full vocabulary",
@@ -274,9 +349,12 @@ def print_report(report: dict, console: Any = None) -> None:
 
     console = console or Console()
     model = report["model"]
-    table = Table(title=f"DFlash benchmark: {Path(model['target']).name} + "
-                  f"{Path(model['draft']).name} ({report['backend']}, {report['dtype']}, "
-                  f"baseline {report['baseline_function']})", box=box.SIMPLE_HEAD)
+    oracle = report["settings"].get("oracle_tokens_per_cycle")
+    proposer = (f"ORACLE at {oracle} tokens/cycle (cost only)" if oracle
+                else Path(model["draft"]).name)
+    table = Table(title=f"DFlash benchmark: {Path(model['target']).name} + {proposer} "
+                  f"({report['backend']}, {report['dtype']}, baseline "
+                  f"{report['baseline_function']})", box=box.SIMPLE_HEAD)
     for col in ("prompt", "toks", "base t/s", "dfl t/s", "speedup", "accept", "tok/cyc",
                 "nonloop", "rep4", "pf ms", "peak MB", "match"):
         table.add_column(col, justify="left" if col == "prompt" else "right", no_wrap=True)
@@ -303,6 +381,29 @@ def print_report(report: dict, console: Any = None) -> None:
     console.print(table)
     console.print("tok/s: medians, prefill included; speed-up: median of end-to-end ratios; "
                   "non-loop: tok/cycle before the first looping 64-token window.")
+    for line in divergence_lines(report):
+        console.print(line, highlight=False)
+
+
+def divergence_lines(report: dict) -> list[str]:
+    """One line per run whose tokens differ from the baseline's, then the largest gap."""
+    lines = []
+    for r in report["runs"]:
+        d = r.get("divergence")
+        if not d:
+            continue
+        gap = "unknown" if d["gap"] is None else f"{d['gap']:.4f}"
+        verdict = ("a near-tie" if r["near_tie"] else
+                   f"NOT a near-tie (< {NEAR_TIE_GAP} with bf16/fp16 activations): a bug")
+        lines.append(f"{r['prompt_id']}: first divergence at token {d['index']} (baseline "
+                     f"{d['baseline_token']}, DFlash {d['dflash_token']}); baseline top-1 - "
+                     f"top-2 logit gap {gap}: {verdict}")
+    s = report["summary"]
+    if s.get("divergences"):
+        top = s["near_tie_gap_max"]
+        lines.append(f"{s['divergences']} run(s) diverged; largest gap "
+                     f"{'unknown' if top is None else format(top, '.4f')}")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,6 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eos", action="store_true", help="always generate --max-tokens")
     add_engine_args(p)
     add_sampling_args(p)
+    p.add_argument("--oracle-tokens-per-cycle", type=float, metavar="K",
+                   help="cost benchmark: propose the target's own continuation (from the "
+                        "baseline run), wrong at a drawn place so a cycle commits K tokens on "
+                        "average (1..block size); the draft forward still runs")
+    p.add_argument("--oracle-seed", type=int, default=0, help="the oracle's draws")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -339,6 +445,12 @@ def check_args(args: argparse.Namespace) -> None:
             raise BenchError(f"--{name.replace('_', '-')}={value}: use at least {low}.")
     if args.cooldown < 0:
         raise BenchError(f"--cooldown={args.cooldown}: use 0 or more seconds.")
+    k = args.oracle_tokens_per_cycle
+    if k is not None and not 1 <= k <= (args.block_size or 16):
+        raise BenchError(f"--oracle-tokens-per-cycle={k}: use 1..the block size "
+                         f"({args.block_size or 16}).")
+    if k is not None and args.temperature:
+        raise BenchError("--oracle-tokens-per-cycle needs greedy decoding: drop --temperature.")
     from ..sampling import SamplingParams
 
     SamplingParams(**sampling_from_args(args))  # a bad sampling flag: ConfigError
@@ -375,7 +487,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
 
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
                                args.no_eos, not args.no_warmup, fmt, progress, args.profile,
-                               sampling_from_args(args))
+                               sampling_from_args(args), args.oracle_tokens_per_cycle,
+                               args.oracle_seed)
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2
@@ -387,9 +500,10 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {path}")
-    if report["summary"]["token_match"] is False:
-        bad = [r["prompt_id"] for r in report["runs"] if not r["token_match"]]
-        err.print(f"[red]error:[/red] DFlash output differs from the baseline on {bad}: "
-                  "lossless decoding is broken (a correctness bug).")
+    bad = [r["prompt_id"] for r in report["runs"]
+           if r["token_match"] is False and not r.get("near_tie")]
+    if bad:
+        err.print(f"[red]error:[/red] DFlash output differs from the baseline on {bad}, not "
+                  "at a near-tie: lossless decoding is broken (a correctness bug).")
         return 1
     return 0

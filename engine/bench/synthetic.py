@@ -8,7 +8,10 @@ speed-up against mlx-lm's generate_step on the same model), not acceptance: acce
 an input here. Every output says "synthetic".
 
 The real draft forward still runs every cycle (its output is discarded) so its cost is
-counted; the oracle needs the target's greedy continuation, so plain decoding runs first.
+counted; the oracle needs the target's greedy continuation, so plain decoding runs first,
+then recorded oracle runs until the reference is what the verify itself commits (bf16
+near-ties, see oracle.py). The timed run reads the device once per cycle; the per-phase
+profile comes from a separate run with every phase evaluated on its own.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..cycle import DraftProposer, speculative_decode
+from ..cycle import speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
-from .timing import Side, first_mismatch, run_baseline
+from .oracle import Oracle, OracleProposer, consistent_reference
+from .timing import NEAR_TIE_GAP, Side, divergence, first_mismatch, near_tie, run_baseline
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
 MODELS = ("qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3-8b", "smollm2-135m")
@@ -114,44 +118,6 @@ def build_draft(args: DraftArgs, dtype: str, seed: int = 1) -> DFlashDraft:
     return draft
 
 
-# -- the oracle -----------------------------------------------------------------------------
-class Oracle:
-    """Proposals that match `reference` (the target's greedy output) for a drawn number of
-    tokens, then one wrong token. Accept counts ~ Binomial(B-1, p) with p chosen so the
-    mean is tokens_per_cycle - 1 (capped by the cycle's size)."""
-
-    def __init__(self, reference: Sequence[int], prompt_len: int, tokens_per_cycle: float,
-                 block_size: int, vocab: int, seed: int = 0) -> None:
-        self.reference, self.prompt_len = reference, prompt_len
-        self.block_size, self.vocab = block_size, vocab
-        self.rng = random.Random(seed)
-        self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
-
-    def __call__(self, staged: int, size: int, position: int) -> list[int]:
-        """-> the verify input: `staged`, then up to size - 1 drafted tokens."""
-        emitted = position - self.prompt_len + 1  # staged is reference[emitted - 1]
-        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
-        drafted = list(self.reference[emitted:emitted + size - 1])
-        if a < size - 1:
-            drafted[a] = (drafted[a] + 1) % self.vocab  # the target's argmax differs here
-        return [staged] + drafted
-
-
-class OracleProposer(DraftProposer):
-    """The oracle's tokens in place of the draft's. With `draft_cost`, the real draft forward
-    still runs every cycle (its output is discarded) so its cost is timed."""
-
-    def __init__(self, target: TargetAdapter, draft: DFlashDraft, oracle: Oracle,
-                 draft_cost: bool = True) -> None:
-        super().__init__(target, draft)
-        self.oracle, self.draft_cost = oracle, draft_cost
-
-    def propose(self, staged: int, size: int, position: int) -> mx.array:
-        if self.draft_cost:
-            mx.eval(super().propose(staged, size, position))
-        return mx.array([self.oracle(staged, size, position)])
-
-
 class TimedTarget:
     """Delegates to an adapter; times each non-prefill forward (evaluated) so the cycle's
     verify lap splits into the forward and the accept that follows it."""
@@ -176,21 +142,21 @@ class TimedTarget:
 # -- timed runs -----------------------------------------------------------------------------
 def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                reference: Sequence[int], max_tokens: int, block_size: int,
-               tokens_per_cycle: float, seed: int, draft_cost: bool = True
-               ) -> tuple[Side, dict]:
+               tokens_per_cycle: float, seed: int, draft_cost: bool = True,
+               profile: bool = False) -> tuple[Side, dict]:
     """speculative_decode (the engine's own loop) with the oracle proposer
-    -> (the timed side, its cycle summary)."""
-    timed = TimedTarget(target)
-    oracle = Oracle(reference, len(prompt), tokens_per_cycle, block_size, target.vocab_size,
-                    seed)
+    -> (the timed side, its cycle summary). `profile`: each phase and each verify forward
+    evaluated on its own (device times per phase, more syncs: not the run to time)."""
+    timed = TimedTarget(target) if profile else None
+    oracle = Oracle(reference, tokens_per_cycle, block_size, target.vocab_size, seed)
     proposer = OracleProposer(target, draft, oracle, draft_cost)
     tokens: list[int] = []
     cycles, walls = [], []
     mx.reset_peak_memory()
     start = time.perf_counter()
     first = last = None
-    for commit in speculative_decode(timed, proposer, prompt, max_tokens, block_size,
-                                     PREFILL_CHUNK):
+    for commit in speculative_decode(timed or target, proposer, prompt, max_tokens,
+                                     block_size, PREFILL_CHUNK, sync_phases=profile):
         now = time.perf_counter()
         tokens.extend(commit.tokens)
         if commit.cycle is not None:
@@ -201,7 +167,7 @@ def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
     end = time.perf_counter()
     side = Side(tokens[:max_tokens], end - start, (first or end) - start,
                 int(mx.get_peak_memory()), "length")
-    return side, cycle_summary(cycles, walls, timed.forward_s)
+    return side, cycle_summary(cycles, walls, timed.forward_s if timed else [])
 
 
 def cycle_summary(cycles: list, walls: list[float], forward_s: list[float]) -> dict:
@@ -302,11 +268,22 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         ref = run_baseline(model, prompt, n, PREFILL_CHUNK).tokens
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
                    draft_cost)
+        run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
+                   draft_cost, profile=True)
     base = run_baseline(model, prompt, max_tokens, PREFILL_CHUNK)
-    flash, cycles = run_dflash(target, draft, prompt, base.tokens, max_tokens, block_size,
-                               tokens_per_cycle, seed, draft_cost)
+
+    def oracle_run(reference: Sequence[int], profile: bool = False) -> tuple[Side, dict]:
+        return run_dflash(target, draft, prompt, reference, max_tokens, block_size,
+                          tokens_per_cycle, seed, draft_cost, profile)
+
+    # The oracle proposes what the verify itself chooses (see oracle.py), in every dtype.
+    reference, rounds = consistent_reference(lambda r: oracle_run(r)[0].tokens, base.tokens)
+    flash, cycles = oracle_run(reference)  # timed: one host read per cycle
+    _, profiled = oracle_run(reference, profile=True)  # device time per phase
+    cycles.update({k: profiled[k] for k in ("cycle_profile_s", "cycle_profile_per_cycle_ms")})
     fwd = forward_timings(model, target, prompt, iters, block_size)
     mismatch = first_mismatch(base.tokens, flash.tokens)
+    found = divergence(model, prompt, base.tokens, flash.tokens, PREFILL_CHUNK)
     cfg = text_args(model)
     return {
         "synthetic": True,
@@ -339,13 +316,25 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                            if base.decode_tokens_per_second else None),
         "token_match": mismatch is None,
         "first_mismatch": mismatch,
+        "divergence": found,
+        "near_tie": near_tie(found, dtype) if found else None,
+        "oracle_reference_runs": rounds,
+        "oracle_self_consistent": reference == flash.tokens,
         "definitions": {
             "t_ar_s": "median 1-token mlx-lm forward after ctx tokens",
             "t_forward16_s": "median 16-token mlx-lm forward after ctx tokens",
             "t_verify16_s": "median 16-token adapter verify forward (tape recorded)",
-            "cycle_profile": "draft: proposer incl. the real draft forward; verify: target "
+            "cycle_profile": "from a separate run with each phase evaluated on its own "
+                             "(device times; the timed run reads the device once per cycle): "
+                             "draft: proposer incl. the real draft forward; verify: target "
                              "forward; accept: argmax + accept count; rollback: cache "
                              "rollback + draft context append; host: the rest of the cycle",
+            "divergence": "where DFlash's tokens first differ from the baseline's, with the "
+                          "baseline's top-1 minus top-2 logit gap there (gap); near_tie: "
+                          f"gap < {NEAR_TIE_GAP} with bf16/fp16 activations (allowed), else a "
+                          "bug",
+            "oracle_reference_runs": "speculative runs recorded until the oracle's reference "
+                                     "was what the verify itself commits (oracle.py)",
             "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
             "decode_speedup": "tok/s after the first token, DFlash / baseline",
         },
@@ -369,7 +358,11 @@ def summary_lines(r: dict) -> list[str]:
         f"{r['settings']['tokens_per_cycle_target']}), {d['cycles']} cycles; per cycle ms: "
         + ", ".join(f"{k} {v:.2f}" for k, v in prof.items()),
         f"  token_match {r['token_match']}"
-        + ("" if r["token_match"] else f" (first mismatch at {r['first_mismatch']})"),
+        + ("" if r["token_match"] else f" (first mismatch at {r['first_mismatch']}, baseline "
+           f"top-1 - top-2 gap {r['divergence']['gap']:.4f}: "
+           f"{'near-tie' if r['near_tie'] else 'NOT a near-tie'})"),
+        f"  oracle reference: {r['oracle_reference_runs']} recorded run(s), self-consistent "
+        f"{r['oracle_self_consistent']}",
     ]
 
 
@@ -428,4 +421,4 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).expanduser().write_text(json.dumps(report, indent=2, default=str))
         print(f"wrote {args.json}")
-    return 0 if report["token_match"] else 1
+    return 0 if report["token_match"] or report["near_tie"] else 1

@@ -299,7 +299,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         the same branch (step counts must match for the gradient all-reduce)."""
         if group is None:
             return value
-        return float(mx.distributed.all_sum(mx.array(value), group=group).item()) / world
+        total = mx.distributed.all_sum(mx.array(float(value), dtype=mx.float32), group=group)
+        return float(total.item()) / world
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

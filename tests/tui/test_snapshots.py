@@ -1,6 +1,7 @@
 """SVG snapshots on the deterministic fake engine; cursor blink off, no clock, fixed dates.
 
-The chat screen and the model picker at 80x24 (the smallest supported terminal) and 140x40.
+The chat screen and the model picker at 80x24 (the smallest supported terminal) and 140x40;
+the settings screen at 80x24.
 Update after an intended layout change: pytest tests/tui/test_snapshots.py --snapshot-update
 """
 
@@ -87,3 +88,19 @@ def test_conversation_list(snap_compare):
         await pilot.press("ctrl+l")
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_settings_with_an_error(snap_compare):
+    """The settings screen fits 80x24 with every field, a bad value named in one line."""
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("f5")
+        screen = pilot.app.screen
+        for name, value in {"temperature": "0.7", "top_p": "2", "seed": "1"}.items():
+            screen.field(name).value = value
+        await pilot.press("ctrl+s")
+        screen.field("top_p").cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run_before)

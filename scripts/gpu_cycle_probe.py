@@ -1,0 +1,360 @@
+"""Where a speculative cycle's time goes on a GPU, per precision (issue #13).
+
+    OUT=/tmp/out timeout 360 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
+    python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
+
+Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
+is recorded, never stops the run) and skipped once --budget seconds are spent:
+  sdpa     mx.fast.scaled_dot_product_attention at the pair's attention shapes, query length 1
+           and 16, the key length fixed vs new on every call (every cycle has a new one), first
+           call vs steady state, per dtype; and the same attention written out (matmul +
+           softmax). A per-shape build (cuDNN graph, JIT) shows as varying >> fixed.
+  forward  the target's verify forward as the cycle runs it, at a growing KV length: T=16 and
+           T=1 per call, a fixed KV length (rolled back), a varying T; the dtypes of logits,
+           taps and draft output (a promotion shows here).
+  cycle    the real pair through DFlashRuntime per precision: per-phase device times
+           (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
+           blocks and the verify cut, and mlx_lm's generate_step on the same weights.
+  children (CUDA, or --child-test) the same again in a child process per --child-envs entry
+           (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (the
+           engine's default since issue 13: sdpa and the bf16/checkpoint cycles) and
+           MLX_USE_CUDA_GRAPHS=0 (the bf16 cycle). This process runs with cuDNN SDPA on
+           (MLX's default) unless the environment says otherwise.
+Precisions: float32, bfloat16, float16 (weights dequantized to that dtype), checkpoint (the
+default policy: the GGUF's 4-bit blocks with float16 activations on a GPU, float32 on CPU),
+q-bfloat16 (the GGUF's 4-bit blocks with bfloat16 activations; the offline SmolLM2 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# This process measures MLX's own defaults (the engine turns cuDNN SDPA off on import);
+# the children measure each setting of --child-envs.
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "1")
+
+import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS)
+import mlx.core as mx  # noqa: E402,I001
+
+PROMPTS = ["Write a Python function that checks whether a number is prime, and explain it.",
+           "Tom has 3 boxes with 12 apples each. He gives away 7 apples. How many are left?"]
+START = time.perf_counter()
+SAVE: list[Callable[[], None]] = []  # writes the report so far (a killed run keeps its parts)
+
+
+def left(budget: float) -> float:
+    return budget - (time.perf_counter() - START)
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def ms(xs: list[float]) -> dict:
+    """First call, median and max of the rest, in ms."""
+    rest = xs[1:] or xs
+    return {"first_ms": xs[0] * 1e3 if xs else None, "median_ms": med(rest) and med(rest) * 1e3,
+            "max_ms": max(rest) * 1e3 if rest else None, "n": len(xs)}
+
+
+def eval_time(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    mx.eval(fn())
+    return time.perf_counter() - start
+
+
+def guarded(out: dict, key: str, budget: float, fn: Callable[..., Any], *args: Any) -> None:
+    if left(budget) <= 0:
+        out[key] = {"skipped": "budget spent"}
+        return
+    began = time.perf_counter()
+    try:
+        out[key] = fn(*args)
+    except Exception as exc:  # a probe records what broke and goes on
+        out[key] = {"error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-2000:]}
+    print(f"[{time.perf_counter() - START:6.1f}s] {key} done in "
+          f"{time.perf_counter() - began:.1f}s", flush=True)
+    for save in SAVE:
+        save()
+
+
+# -- sdpa -----------------------------------------------------------------------------------
+def manual_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
+                     causal: bool) -> mx.array:
+    rep = q.shape[1] // k.shape[1]
+    k, v = mx.repeat(k, rep, axis=1), mx.repeat(v, rep, axis=1)
+    s = (q * scale) @ k.swapaxes(-1, -2)
+    if causal:
+        qL, kL = q.shape[2], k.shape[2]
+        allowed = mx.arange(kL)[None] <= (mx.arange(qL) + kL - qL)[:, None]
+        s = mx.where(allowed, s, mx.array(-float("inf"), s.dtype))
+    return mx.softmax(s.astype(mx.float32), axis=-1).astype(q.dtype) @ v
+
+
+def sdpa_part(dtypes: list[str], heads: int, kv_heads: int, dim: int, base: int,
+              iters: int) -> dict:
+    """Per dtype x query length x mask: times for a fixed and a growing key length."""
+    out = {}
+    for name in dtypes:
+        dt = getattr(mx, name)
+        for qL, mask in ((1, None), (16, None), (16, "causal")):
+            cap = ((base + qL * iters) // 256 + 1) * 256  # a KV cache buffer, as mlx-lm's
+            kbuf = mx.random.normal((1, kv_heads, cap, dim)).astype(dt)
+            vbuf = mx.random.normal((1, kv_heads, cap, dim)).astype(dt)
+            q = mx.random.normal((1, heads, qL, dim)).astype(dt)
+            mx.eval(kbuf, vbuf, q)
+            row = {}
+            for label, grow in (("fixed_kv", 0), ("growing_kv", qL)):
+                for impl in ("fast", "manual"):
+                    times = []
+                    for i in range(iters):
+                        kL = base + grow * i
+                        k, v = kbuf[:, :, :kL], vbuf[:, :, :kL]
+                        start = time.perf_counter()
+                        if impl == "fast":
+                            mx.eval(mx.fast.scaled_dot_product_attention(
+                                q, k, v, scale=dim ** -0.5, mask=mask))
+                        else:
+                            mx.eval(manual_attention(q, k, v, dim ** -0.5, mask == "causal"))
+                        times.append(time.perf_counter() - start)
+                    row[f"{label}_{impl}"] = ms(times)
+            out[f"{name}_q{qL}_{mask or 'nomask'}"] = row
+    return out
+
+
+# -- loading --------------------------------------------------------------------------------
+def load(precision: str, model_id: str | None, draft_id: str | None) -> Any:
+    """A DFlashRuntime at `precision` (see the module docstring)."""
+    from engine.config import DFlashConfig
+    from engine.loading import load_draft, load_target
+    from engine.registry import DEFAULT_TARGET
+    from engine.runtime import DFlashRuntime, target_model_dtype
+    from engine.targets import adapter_for
+
+    model_id = model_id or DEFAULT_TARGET
+    if precision == "q-bfloat16":
+        if model_id != DEFAULT_TARGET:
+            raise ValueError("q-bfloat16 needs the offline SmolLM2 GGUF")
+        from engine.gguf import load_gguf_target
+        from engine.offline import smollm2_gguf_path
+
+        model, tok = load_gguf_target(smollm2_gguf_path(), "bfloat16", quantized=True)
+    else:
+        model, tok, _ = load_target(model_id, None if precision == "checkpoint" else precision)
+    adapter = adapter_for(model)
+    draft, did, ranking = load_draft(model_id, draft_id, adapter, target_model_dtype(model))
+    config = DFlashConfig(dtype=None, prompt_cache_bytes=0, min_draft_confidence=None)
+    return DFlashRuntime(model, tok, draft, config, model_id, did, adapter, ranking)
+
+
+def weights_kind(rt: Any) -> dict:
+    import mlx.nn as nn
+
+    q = [m for _, m in rt.model.named_modules() if isinstance(m, nn.QuantizedLinear)]
+    return {"activation_dtype": str(rt.target.inner.norm.weight.dtype),
+            "quantized_linears": len(q), "bits": sorted({m.bits for m in q}),
+            "draft_dtype": str(rt.draft.fc.weight.dtype)}
+
+
+# -- forward --------------------------------------------------------------------------------
+def forward_part(rt: Any, ctx: int, iters: int) -> dict:
+    from engine.cycle import prefill
+    from engine.draft_head import DraftHead
+    from engine.targets.base import cache_arrays
+
+    target, taps_ids = rt.target, rt.draft.args.target_layer_ids
+    prompt = [(7 * i + 11) % 1000 + 100 for i in range(ctx)]
+    out: dict = {}
+
+    def fresh() -> list:
+        cache = target.make_cache()
+        prefill(target, cache, prompt, 512)
+        return cache
+
+    def step(cache: list, T: int, keep: int | None) -> float:
+        ids = mx.array([[(13 * j + 5) % 1000 + 100 for j in range(T)]])
+
+        def run() -> list:
+            target.begin_verify(cache)
+            logits, taps = target.forward(ids, cache, taps_ids)
+            return [mx.argmax(logits[0], axis=-1), taps, cache_arrays(cache)]
+
+        t = eval_time(run)
+        if keep is not None:
+            target.rollback(cache, keep=keep, verified=T)
+            mx.eval(cache_arrays(cache))
+        return t
+
+    for label, T, keep in (("growing_kv_T16", 16, None), ("growing_kv_T1", 1, None),
+                           ("fixed_kv_T16", 16, 0)):
+        cache = fresh()
+        out[label] = ms([step(cache, T, keep) for _ in range(iters)])
+    cache = fresh()
+    out["fixed_kv_varying_T"] = ms([step(cache, 2 + i % 15, 0) for i in range(iters)])
+    cache = fresh()
+    ids = mx.array([[5] * 16])
+    logits, taps = target.forward(ids, cache, taps_ids)
+    hidden = rt.draft(target.embed(ids), rt.draft.make_cache())
+    out["dtypes"] = {"logits": str(logits.dtype), "taps": str(taps.dtype),
+                     "embed": str(target.embed(ids).dtype), "draft_hidden": str(hidden.dtype),
+                     "draft_head_logits": str(DraftHead(target)(hidden).dtype)}
+    return out
+
+
+# -- cycle ----------------------------------------------------------------------------------
+def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
+    from engine.bench.timing import first_mismatch, run_baseline
+    from engine.events import Finished
+
+    out: dict = {}
+    encoded = [rt.encode([{"role": "user", "content": p}]) for p in prompts]
+    rt.generate(encoded[0], max_tokens=8, no_eos=True)  # warm-up, both sides
+    run_baseline(rt.model, encoded[0], 8, rt.config.prefill_chunk)
+    for n, ids in enumerate(encoded):
+        base = run_baseline(rt.model, ids, max_tokens, rt.config.prefill_chunk)
+        row: dict = {"prompt_tokens": len(ids),
+                     "baseline_decode_tok_s": base.decode_tokens_per_second,
+                     # a sanity check of the precision: readable text, not an overflow's
+                     "baseline_text": rt.tokenizer.decode(base.tokens[:40])}
+        for label, cut in (("wholeblock", None), ("cut0.4", 0.4)):
+            rt.min_confidence = cut
+            walls, last, result = [], None, None
+            for event in rt.stream_generate(ids, max_tokens=max_tokens, no_eos=True):
+                now = time.perf_counter()
+                if isinstance(event, Finished):
+                    result = event.result
+                elif event.cycle is not None and last is not None:
+                    walls.append(now - last)
+                last = now
+            assert result is not None
+            row[label] = {"decode_tok_s": result.decode_tokens_per_second,
+                          "tokens_per_cycle": result.tokens_per_cycle,
+                          "first_mismatch": first_mismatch(base.tokens, result.tokens),
+                          "cycle_wall_first3_ms": [w * 1e3 for w in walls[:3]],
+                          "cycle_wall_median_ms": (med(walls) or 0) * 1e3}
+            row[label]["speedup_decode"] = (row[label]["decode_tok_s"]
+                                            / max(base.decode_tokens_per_second, 1e-9))
+        rt.min_confidence = None
+        prof = rt.generate(ids, max_tokens=max_tokens, no_eos=True, profile=True)
+        cycles = max(len(prof.cycle_tokens), 1)
+        row["profiled_wholeblock_ms_per_cycle"] = {k: v * 1e3 / cycles
+                                                   for k, v in prof.cycle_profile.items()}
+        row["baseline_ms_per_token"] = 1e3 / max(base.decode_tokens_per_second, 1e-9)
+        out[f"prompt{n}"] = row
+    return out
+
+
+# -- main -----------------------------------------------------------------------------------
+def child(args: argparse.Namespace, budget: float, setting: str, parts: str,
+          precisions: str) -> dict:
+    """Parts of the probe again in a child process with `setting` (KEY=VALUE,...) in its
+    environment."""
+    extra = dict(item.split("=", 1) for item in setting.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "child.json"
+        cmd = [sys.executable, __file__, "--out", str(path), "--budget",
+               str(max(int(budget), 10)), "--parts", parts, "--precisions", precisions,
+               "--child"]
+        cmd += ["--small"] if args.small else []
+        cmd += ["--model", args.model] if args.model else []
+        cmd += ["--draft", args.draft] if args.draft else []
+        proc = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True,
+                              text=True, timeout=budget + 90)
+        result = json.loads(path.read_text()) if path.is_file() else {}
+        return {"env": extra, "rc": proc.returncode, "stderr_tail": proc.stderr[-1500:],
+                "result": result}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="JSON path (default: $OUT/gpu_cycle_probe.json)")
+    p.add_argument("--model", help="target (default: the offline SmolLM2 GGUF)")
+    p.add_argument("--draft", help="draft (default: the registered one)")
+    p.add_argument("--precisions", default="checkpoint,bfloat16,float32,q-bfloat16,float16")
+    p.add_argument("--parts", default="sdpa,forward,cycle,children")
+    p.add_argument("--budget", type=float, default=100,
+                   help="seconds for the parts in this process (one that started may run "
+                        "over); each child gets --child-budget more")
+    p.add_argument("--child-envs",
+                   default="MLX_CUDA_USE_CUDNN_SDPA=0:sdpa,cycle:bfloat16,checkpoint;"
+                           "MLX_USE_CUDA_GRAPHS=0:cycle:bfloat16",
+                   help="ENV=V[,ENV=V]:parts:precisions, ';'-separated")
+    p.add_argument("--child-budget", type=float, default=40)
+    p.add_argument("--small", action="store_true", help="CPU sizes: few iterations, tokens")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-test", action="store_true",
+                   help="run the nocudnn child even without CUDA (tests the mechanics)")
+    args = p.parse_args()
+    out_path = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu_cycle_probe.json")
+    from engine.bench.environment import environment
+    from engine.device import current
+
+    backend = current()
+    parts = set(args.parts.split(","))
+    iters = 6 if args.small else 40
+    max_tokens = 24 if args.small else 96
+    budget = args.budget
+    report: dict = {"command": " ".join(sys.argv), "backend": backend, **environment(),
+                    "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")},
+                    "settings": {"iters": iters, "max_tokens": max_tokens, "small": args.small,
+                                 "budget_s": args.budget}}
+    precisions = args.precisions.split(",")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        report["elapsed_s"] = time.perf_counter() - START
+        out_path.write_text(json.dumps(report, indent=1, default=str))
+
+    SAVE.append(save)
+    if "sdpa" in parts:
+        dtypes = ["float32", "bfloat16", "float16"]
+        # SmolLM2's attention: 9 query heads, 3 KV heads, head dim 64 (target and draft).
+        guarded(report, "sdpa", budget, sdpa_part, dtypes, 9, 3, 64,
+                64 if args.small else 300, iters)
+    report["precisions"] = {}
+    for precision in precisions:
+        row: dict = {}
+        report["precisions"][precision] = row
+        if left(budget) <= 0:
+            row["skipped"] = "budget spent"
+            continue
+        try:
+            began = time.perf_counter()
+            rt = load(precision, args.model, args.draft)
+            row["load_s"] = time.perf_counter() - began
+            row["weights"] = weights_kind(rt)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        if "forward" in parts:
+            guarded(row, "forward", budget, forward_part, rt, 32 if args.small else 300, iters)
+        if "cycle" in parts:
+            guarded(row, "cycle", budget, cycle_part, rt, max_tokens, PROMPTS[:1])
+        rt = None
+        mx.clear_cache()
+    if "children" in parts and not args.child and (backend == "cuda" or args.child_test):
+        report["children"] = {}
+        for spec in filter(None, args.child_envs.split(";")):
+            setting, child_parts, child_precisions = spec.split(":")
+            guarded(report["children"], setting, float("inf"), child, args,
+                    args.child_budget, setting, child_parts, child_precisions)
+    save()
+    print(f"wrote {out_path} ({report['elapsed_s']:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

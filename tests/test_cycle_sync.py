@@ -1,0 +1,116 @@
+"""A speculative cycle reads the device once: the accepted count and the committed tokens
+come back together (issue 13). The probe counts every way an MLX array reaches the host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from engine import DFlashConfig, DFlashRuntime
+from engine.cycle import DraftProposer, speculative_decode
+from engine.events import Span
+
+# Every host read of an array: an explicit eval, or a conversion that evaluates first.
+READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "__array__")
+
+
+@contextmanager
+def host_reads() -> Iterator[list[int]]:
+    """Counts host reads while active (counter[0])."""
+    counter = [0]
+    saved = [(mx.array, n, getattr(mx.array, n)) for n in READS if hasattr(mx.array, n)]
+    saved.append((mx, "eval", mx.eval))
+
+    def counted(original):
+        def wrapper(*args, **kwargs):
+            counter[0] += 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    for owner, name, original in saved:
+        setattr(owner, name, counted(original))
+    try:
+        yield counter
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def test_the_probe_counts_reads():
+    x = mx.array([1, 2, 3])
+    with host_reads() as reads:
+        x.tolist()
+        int(x[0])
+        mx.eval(x + 1)
+        mx.async_eval(x + 2)  # queued, not waited on: not a read
+    assert reads[0] == 3
+    assert mx.array.tolist is not None and x.tolist() == [1, 2, 3]  # restored
+
+
+def load(tiny_pairs, family, **config):
+    config.setdefault("min_draft_confidence", None)
+    target, draft = tiny_pairs(family)
+    return DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                         config=DFlashConfig(**config))
+
+
+def reads_per_cycle(commits) -> tuple[list[int], list[int]]:
+    """-> (host reads during each cycle, all committed tokens); the prefill is not a cycle."""
+    tokens = list(next(commits).tokens)
+    per_cycle = []
+    with host_reads() as reads:
+        while True:
+            before = reads[0]
+            commit = next(commits, None)
+            if commit is None:
+                break
+            per_cycle.append(reads[0] - before)
+            tokens += commit.tokens
+    return per_cycle, tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_whole_block_cycle_reads_the_device_once(tiny_pairs, family):
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello world")
+    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=60)]
+    proposer = DraftProposer(rt.target, rt.draft)
+    per_cycle, tokens = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 60, 16,
+                                                           512))
+    assert len(per_cycle) > 3 and set(per_cycle) == {1}
+    assert tokens == want  # still plain greedy decoding, bit for bit
+
+
+def test_the_verify_cut_adds_one_read_between_draft_and_verify(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("Hello world")
+    proposer = DraftProposer(rt.target, rt.draft, min_confidence=0.5)
+    per_cycle, _ = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 40, 16, 512))
+    # The last cycle may have room for one token only: nothing to draft, nothing to cut.
+    assert len(per_cycle) > 3 and set(per_cycle[:-1]) == {2} and per_cycle[-1] in (1, 2)
+
+
+def test_the_runtime_stream_reads_once_per_cycle(tiny_pairs):
+    rt = load(tiny_pairs, "qwen3")
+    stream = rt.stream_generate("Hello", max_tokens=40, no_eos=True)
+    first = next(stream)
+    assert isinstance(first, Span) and first.cycle is None  # the prefill's token
+    counts = []
+    with host_reads() as reads:
+        before = reads[0]
+        for event in stream:
+            if isinstance(event, Span) and event.cycle is not None:
+                counts.append(reads[0] - before)
+            before = reads[0]
+    assert counts and set(counts) == {1}
+
+
+def test_auto_cut_is_cpu_only():
+    assert DFlashConfig().min_confidence("cpu") == 0.4
+    assert DFlashConfig().min_confidence("cuda") is None
+    assert DFlashConfig().min_confidence("metal") is None
+    assert DFlashConfig(min_draft_confidence=0.7).min_confidence("cuda") == 0.7

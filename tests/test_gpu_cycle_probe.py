@@ -1,0 +1,35 @@
+"""scripts/gpu_cycle_probe.py runs on the CPU at small sizes (the H200 run is one call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
+    target, draft = tiny_pairs("llama")
+    out = tmp_path / "probe.json"
+    # Without the setting, the probe's own process measures MLX's default (cuDNN SDPA on).
+    env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cycle_probe.py"), "--small",
+                    "--out", str(out), "--model", str(target), "--draft", str(draft),
+                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,cycle"],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    report = json.loads(out.read_text())
+    assert report["backend"] == "cpu" and report["env"]["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
+    assert {"fixed_kv_fast", "growing_kv_fast", "growing_kv_manual"} <= set(
+        report["sdpa"]["bfloat16_q16_causal"])
+    row = report["precisions"]["float32"]
+    assert row["weights"]["quantized_linears"] == 0
+    assert row["forward"]["dtypes"]["logits"] == "mlx.core.float32"
+    assert row["forward"]["growing_kv_T16"]["n"] == report["settings"]["iters"]
+    cycle = row["cycle"]["prompt0"]
+    assert cycle["wholeblock"]["first_mismatch"] is None  # float32: plain greedy, bit for bit
+    assert set(cycle["profiled_wholeblock_ms_per_cycle"]) == {"draft", "verify", "rollback"}
+    # q-bfloat16 needs the offline GGUF: recorded as an error, the run goes on.
+    assert "offline SmolLM2 GGUF" in report["precisions"]["q-bfloat16"]["error"]
