@@ -21,7 +21,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ConfigError, UnsupportedModel
-from .loading import Progress, _say, cast_floats, check_target_folder, pick_dtype, resolve_local
+from .loading import (
+    Progress,
+    _say,
+    check_target_folder,
+    checkpoint_precision,
+    dequantize_floats,
+    resolve_local,
+)
 from .registry import DEFAULT_TARGET, find_pair
 
 BACKENDS = ("any", "ring", "jaccl", "mpi", "nccl")
@@ -147,9 +154,9 @@ def check_shardable(model: nn.Module, size: int) -> None:
 def load_sharded_target(model_id: str, dtype: str | None, group: mx.distributed.Group,
                         progress: Progress | None = None) -> tuple[nn.Module, Any, str]:
     """load_target, sharded: -> (this rank's part of the model, tokenizer, resolved id).
-    A folder goes through mlx-lm's sharded loading (lazy weights, shard(), then only this
-    rank's slices are evaluated); the bundled GGUF is small and is loaded whole, then
-    sharded."""
+    A folder loads as mlx-lm's sharded_load does (lazy weights, shard(), then only this
+    rank's slices are evaluated), with the engine's numerics policy applied before the
+    split; the bundled GGUF is small and is loaded whole, then sharded."""
     pair = find_pair(model_id)
     if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
         from .loading import load_target
@@ -159,22 +166,24 @@ def load_sharded_target(model_id: str, dtype: str | None, group: mx.distributed.
         model.shard(group)
         mx.eval(model.parameters())
         return model, tokenizer, resolved or DEFAULT_TARGET
-    from mlx_lm.utils import load_model, sharded_load
+    from mlx_lm.utils import load_model, load_tokenizer
 
     path = resolve_local(model_id, progress)
     check_target_folder(path)
-    lazy, _ = load_model(path, lazy=True, strict=False)
-    check_shardable(lazy, group.size())
-    del lazy
     _say(progress, f"loading rank {group.rank()}'s part of {model_id}")
     try:
-        model, tokenizer = sharded_load(str(path), tensor_group=group)
-    except Exception as exc:
+        model, config = load_model(path, lazy=True)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id", None))
+    except Exception as exc:  # the files passed the checks above: the model itself is the issue
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsupportedModel(
-            f"mlx-lm could not load {model_id} sharded ({detail}). Fix: pass an mlx-lm "
-            "compatible model.") from exc
-    cast_floats(model, pick_dtype(dtype))
+            f"mlx-lm could not load {model_id} ({detail}). Fix: pass an mlx-lm compatible "
+            "model.") from exc
+    check_shardable(model, group.size())
+    if not checkpoint_precision(dtype):  # the CPU's float32, or the dtype asked for (lazy)
+        dequantize_floats(model, getattr(mx, dtype or "float32"))
+    model.shard(group)
+    mx.eval(model.parameters())
     return model, tokenizer, model_id
 
 
