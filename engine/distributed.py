@@ -4,10 +4,10 @@ Every rank loads its slice of the target with mlx-lm's own `Model.shard(group)` 
 read lazily, so a rank materializes only its part) and the whole draft. Every rank then runs
 the same cycle: the layers' all_sums give every rank the same hidden states, so the same
 taps, draft and argmax. Rank 0 owns input and output and the others follow what it
-broadcasts: each request (`announce` / `receive`), the tokens of every target forward, the
-cycle's accepted count and next token (`agree`), and whether to run another cycle (`gate`,
-so a reply cancelled on rank 0 stops everywhere). Broadcasts are all_sums in which the
-followers contribute zeros: exact for any dtype, and one collective each.
+broadcasts: each request (`announce` / `receive`; also pair loads and cache clears), each
+cycle's drafted tokens, accepted count and next token (`agree`), and whether to run another
+cycle (`gate`, so a reply cancelled on rank 0 stops everywhere). Broadcasts are all_sums in
+which the followers contribute zeros: exact, and one collective each.
 """
 
 from __future__ import annotations
