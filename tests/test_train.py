@@ -366,3 +366,19 @@ def test_data_parallel_training_keeps_ranks_in_step(pair, tmp_path):
     log = json.loads((out / "train-log.json").read_text())
     assert log["steps"] == 5 and log["ranks"] == {"count": 2, "weights_agree": True}
     assert (out / "model.safetensors").is_file()
+
+
+def test_gen_profile_times_every_width_context_and_padding(pair):
+    import importlib.util
+    import os
+
+    target_dir, *_ = pair
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "gen_profile.py")
+    spec = importlib.util.spec_from_file_location("gen_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = module.profile(str(target_dir), "float32", [2, 3], [8], steps=2)
+    assert [(r["width"], r["context"]) for r in report["rows"]] == [(2, 8), (3, 8)]
+    for row in report["rows"]:
+        for way in ("plain", "masked", "half_padded"):
+            assert row[f"{way}_ms"] > 0 and row[f"{way}_tokens_per_s"] > 0
