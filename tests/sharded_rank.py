@@ -21,11 +21,10 @@ import engine  # noqa: E402, F401  (first: it picks the CPU BLAS before MLX load
 
 # isort: split
 import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
-from mlx_lm.models.cache import KVCache  # noqa: E402
+from tiny_pairs import TruthOracle, cache_states  # noqa: E402
 
 from engine import DFlashConfig, DFlashRuntime  # noqa: E402
-from engine.cycle import DraftProposer, plain_decode, prefill, speculative_decode  # noqa: E402
+from engine.cycle import plain_decode, prefill, speculative_decode  # noqa: E402
 from engine.distributed import follow  # noqa: E402
 
 PROMPTS = ["Hello world", "def add(a, b):"]
@@ -35,31 +34,6 @@ ERROR_AT = (0, 3, 15, 16)  # oracle drafts wrong from this slot on (16: all righ
 CHAT_FAMILIES = ("llama", "qwen3_5")  # the chat app's pairs, loaded one after the other
 
 
-class Oracle(DraftProposer):
-    """The target's own continuation, wrong from draft slot `error_at` on."""
-
-    def __init__(self, rt, truth, error_at):
-        super().__init__(rt.target, rt.draft)
-        self.truth, self.error_at = truth, error_at
-
-    def propose(self, staged, size, position):
-        drafted = list(self.truth[position + 1: position + size])
-        drafted += [0] * (size - 1 - len(drafted))
-        if self.error_at < len(drafted):
-            drafted[self.error_at] = (drafted[self.error_at] + 1) % 50
-        return mx.array([[staged] + drafted])
-
-
-def cache_tensors(cache):
-    out = []
-    for c in cache:
-        if isinstance(c, KVCache):
-            out += list(c.keys_and_values())
-        else:
-            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
-    return out
-
-
 def oracle_runs(rt) -> dict:
     """Every rank: accept lengths 0, 3, 15 and all; max |cache - plain prefill cache|."""
     ids = rt.encode("Speculative decoding drafts tokens.")
@@ -67,7 +41,7 @@ def oracle_runs(rt) -> dict:
     truth = ids + [t for c in plain for t in c.tokens]
     out = {"accepted": [], "tokens": [], "cache_diff": 0.0, "truth": truth[len(ids):]}
     for error_at in ERROR_AT:
-        cache, oracle = rt.target.make_cache(), Oracle(rt, truth, error_at)
+        cache, oracle = rt.target.make_cache(), TruthOracle(rt, truth, error_at)
         tokens, accepted = [], []
         for commit in speculative_decode(rt.target, oracle, ids, ORACLE_TOKENS, 16, 512,
                                          cache):
@@ -76,7 +50,7 @@ def oracle_runs(rt) -> dict:
                 accepted.append([commit.cycle.accepted, commit.cycle.block_size])
         ref = rt.target.make_cache()
         prefill(rt.target, ref, ids + tokens[:-1], 512)
-        for got, want in zip(cache_tensors(cache), cache_tensors(ref), strict=True):
+        for got, want in zip(cache_states(cache), cache_states(ref), strict=True):
             assert got.shape == want.shape, (got.shape, want.shape)
             diff = mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
             out["cache_diff"] = max(out["cache_diff"], diff)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import KVCache
+from tiny_pairs import TruthOracle, cache_states
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, speculative_decode
@@ -61,33 +60,6 @@ def test_small_blocks_and_chunked_prefill_stay_lossless(tiny_pairs, family, bloc
     assert result.tokens == mlx_lm_greedy(rt, ids, 60)
 
 
-def cache_tensors(cache):
-    """Comparable arrays of a target cache: KV up to offset, recurrent states whole."""
-    out = []
-    for c in cache:
-        if isinstance(c, KVCache):
-            out += list(c.keys_and_values())
-        else:
-            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
-    return out
-
-
-class Oracle(DraftProposer):
-    """Proposes the target's true continuation, wrong from draft slot `error_at` on; the
-    draft's context still follows every commit."""
-
-    def __init__(self, rt, truth, error_at):
-        super().__init__(rt.target, rt.draft)
-        self.truth, self.error_at = truth, error_at
-
-    def propose(self, staged, size, position):
-        drafted = list(self.truth[position + 1: position + size])
-        drafted += [0] * (size - 1 - len(drafted))
-        if self.error_at < len(drafted):
-            drafted[self.error_at] = (drafted[self.error_at] + 1) % 50
-        return mx.array([[staged] + drafted])
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, family):
     rt = load(tiny_pairs, family)
@@ -95,7 +67,7 @@ def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, 
     truth_gen = mlx_lm_greedy(rt, ids, 70)
     truth = ids + truth_gen  # truth[position] is the token at that position
     for error_at in list(range(16)) + [16]:  # 16: every draft right (full acceptance)
-        cache, oracle = rt.target.make_cache(), Oracle(rt, truth, error_at)
+        cache, oracle = rt.target.make_cache(), TruthOracle(rt, truth, error_at)
         commits = speculative_decode(rt.target, oracle, ids, 64, 16, 512, cache)
         tokens = []
         for commit in commits:
@@ -109,7 +81,7 @@ def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, 
         ref = rt.target.make_cache()
         prefill(rt.target, ref, fed, 512)
         assert rt.target.cache_length(cache) == len(fed)
-        got_all, want_all = cache_tensors(cache), cache_tensors(ref)
+        got_all, want_all = cache_states(cache), cache_states(ref)
         assert len(got_all) == len(want_all) > 0
         for got, want in zip(got_all, want_all):
             assert got.shape == want.shape

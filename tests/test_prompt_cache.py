@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache
+from tiny_pairs import TruthOracle, cache_states
 
 from engine.config import DFlashConfig
-from engine.cycle import DraftProposer, prefill, speculative_decode
+from engine.cycle import prefill, speculative_decode
 from engine.errors import ConfigError
 from engine.prompt_cache import default_cache_bytes, resolve_cache_bytes
 from engine.runtime import DFlashRuntime
@@ -207,29 +206,6 @@ def test_a_reply_sent_back_changed_reuses_the_prefix_it_shares(pairs, family):
         assert second.cached_tokens == shared
 
 
-class TrueContinuation(DraftProposer):
-    """Proposes the target's own greedy continuation: every draft is accepted."""
-
-    def __init__(self, rt, truth):
-        super().__init__(rt.target, rt.draft)
-        self.truth = truth
-
-    def propose(self, staged, size, position):
-        drafted = list(self.truth[position + 1: position + size])
-        return mx.array([[staged] + drafted + [0] * (size - 1 - len(drafted))])
-
-
-def states(cache):
-    """A target cache's arrays: KV up to its offset, recurrent states whole."""
-    out = []
-    for c in cache:
-        if isinstance(c, KVCache):
-            out += list(c.keys_and_values())
-        else:
-            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
-    return out
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_stop_accepted_mid_block_leaves_the_state_just_before_it(tiny_pairs, family):
     """The stop token comes as an accepted draft with more accepted after it: decoding ends
@@ -240,7 +216,7 @@ def test_a_stop_accepted_mid_block_leaves_the_state_just_before_it(tiny_pairs, f
     reply = rt.generate(ids, max_tokens=24, no_eos=True, speculative=False).tokens
     # the stop: the latest token of the first block that occurs there for the first time
     k = max(i for i in range(2, 15) if reply[i] not in reply[:i])
-    proposer, cache = TrueContinuation(rt, ids + reply), rt.target.make_cache()
+    proposer, cache = TruthOracle(rt, ids + reply), rt.target.make_cache()
     commits = list(speculative_decode(rt.target, proposer, ids, 24, 16, 512, cache,
                                       stop_ids={reply[k]}))
     assert len(commits) == 2  # the prefill's token, then one block holding the stop
@@ -250,7 +226,7 @@ def test_a_stop_accepted_mid_block_leaves_the_state_just_before_it(tiny_pairs, f
     assert all(c.offset == len(ids) + k for c in proposer.cache)
     ref = rt.target.make_cache()
     prefill(rt.target, ref, ids + reply[:k], 512)
-    got, want = states(cache), states(ref)
+    got, want = cache_states(cache), cache_states(ref)
     assert len(got) == len(want) > 0
     for g, w in zip(got, want):
         assert g.shape == w.shape and mx.allclose(g, w, atol=1e-4, rtol=1e-4).item()

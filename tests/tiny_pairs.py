@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from engine.cycle import DraftProposer
 from engine.draft import DFlashDraft, DraftArgs, default_tap_ids
 
 CHAT_TEMPLATE = (
@@ -138,3 +139,32 @@ def make_tiny_pair(tmp_dir: Path, family: str = "llama", seed: int = 0,
     draft = DFlashDraft(tiny_draft_args(config, vocab, mask_id, block_size=block_size))
     _init_weights(draft, seed + 1)
     return target_dir, save_draft(draft, tmp_dir / f"tiny-{family}-dflash")
+
+
+class TruthOracle(DraftProposer):
+    """Proposes the target's own continuation `truth`, wrong from draft slot `error_at` on
+    (None: never); the draft's context still follows every commit."""
+
+    def __init__(self, rt, truth, error_at=None):
+        super().__init__(rt.target, rt.draft)
+        self.truth, self.error_at = truth, error_at
+
+    def propose(self, staged, size, position):
+        drafted = list(self.truth[position + 1: position + size])
+        drafted += [0] * (size - 1 - len(drafted))
+        if self.error_at is not None and self.error_at < len(drafted):
+            drafted[self.error_at] = (drafted[self.error_at] + 1) % 50
+        return mx.array([[staged] + drafted])
+
+
+def cache_states(cache):
+    """Comparable arrays of a target cache: KV up to its offset, recurrent states whole."""
+    from mlx_lm.models.cache import KVCache
+
+    out = []
+    for c in cache:
+        if isinstance(c, KVCache):
+            out += list(c.keys_and_values())
+        else:
+            out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+    return out
