@@ -2,8 +2,9 @@
 # Stage 6 of the SmolLM2-135M-Instruct draft on an nvidia-h200-x2 machine: both GPUs answer
 # fresh real-prompt slices with continuous batching, then one draft trains data-parallel on
 # both GPUs (NCCL) on stage 5's data (benchmarks/stage5/) plus the new answers.
-# After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz`
-# (the GGUF from the engine's cache), one device call per part, back to back on one machine:
+# After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
+# [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
+# of the repo, train again when staged), one device call per part, back to back on one machine:
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
 #               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
@@ -25,7 +26,9 @@ train_args=(--batch ${BATCH:-32} --anchors ${ANCHORS:-96} --steps 100000 --val-e
             --heldout benchmarks/stage5/heldout.npz --distributed nccl)
 data_args() {  # stage 5's data first (--data: its validation split is the same as before)
   echo --data benchmarks/stage5/data-5-0.npz
-  for d in benchmarks/stage5/data-5-1.npz benchmarks/stage5/data-6-*.npz /root/gen-*/data.npz; do
+  # earlier sessions' answers staged as files (e.g. ~/.cache/dflash-chat/train-data/stage6/*.npz)
+  for d in benchmarks/stage5/data-5-1.npz benchmarks/stage5/data-6-*.npz /root/stash/files/gen-*.npz \
+           /root/gen-*/data.npz; do
     [[ -f $d ]] && echo --extra-data "$d"
   done
 }
