@@ -188,7 +188,7 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
 
 def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     target_dir, *_ = pair
-    extra = Dataset([[1, 2, 3, 4, 5, 6]] * 7, [2] * 7)
+    extra = Dataset([[1, 10 + i, 3, 4, 5, 6] for i in range(7)], [2] * 7)
     extra.save(tmp_path / "extra.npz")
     argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--depth", "1",
             "--taps", "1", "--steps", "2", "--batch", "2", "--anchors", "2", "--max-len", "6",

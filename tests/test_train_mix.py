@@ -60,7 +60,7 @@ def test_decontamination_drops_planted_evaluation_prompts(tmp_path):
 
 
 def test_held_out_split_slices_and_source_weights():
-    records = [PromptRecord(f"{s}-{i}", s, "x", ("p",)) for s, n in
+    records = [PromptRecord(f"{s}-{i}", s, "x", (f"prompt {s} {i}",)) for s, n in
                (("big", 4000), ("mid", 3000), ("tiny", 30)) for i in range(n)]
     held = [r for r in records if is_held_out(r.id)]
     assert 0.01 < len(held) / len(records) < 0.04
@@ -190,3 +190,24 @@ def test_grown_draft_starts_where_the_shallow_one_was(pair):
         d.append_context(taps, cache)
         outs.append(d(block, cache))
     assert mx.allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_a_held_out_prompt_is_never_trained_on_under_another_id():
+    """The prompt file holds the same text more than once ("Hey!" opens many chats): a
+    record repeating a held-out record's turn is dropped at collection, and a training
+    sequence with a held-out prompt, or a prompt another run already answered, at training."""
+    from engine.train.dataset import Dataset, distinct_prompts
+
+    held_id = next(f"r{i}" for i in range(1000) if is_held_out(f"r{i}"))
+    free = [f"r{i}" for i in range(1000) if not is_held_out(f"r{i}")]
+    records = [PromptRecord(held_id, "chitchat", "chat", ("Hey!",)),
+               PromptRecord(free[0], "sharegpt", "chat", ("hey", "And then?")),
+               PromptRecord(free[1], "sharegpt", "chat", ("Hey there, how are you?",))]
+    assert [r.id for r in usable(records, None)] == [free[1]]
+
+    heldout = Dataset([[1, 2, 9, 9]], [2])
+    a = Dataset([[1, 2, 5, 5], [3, 4, 6], [7, 7, 7]], [2, 2, 1])
+    b = Dataset([[3, 4, 6, 6], [8, 1]], [2, 1])
+    (a2, b2), dropped = distinct_prompts([a, b], heldout)
+    assert a2.sequences == [[3, 4, 6], [7, 7, 7]] and b2.sequences == [[8, 1]]
+    assert dropped == {"duplicate_prompts": 1, "held_out_prompts": 1}

@@ -64,6 +64,31 @@ class Dataset:
                        self.meta)
 
 
+def distinct_prompts(parts: Sequence[Dataset], exclude: Dataset | None = None
+                     ) -> tuple[list[Dataset], dict[str, int]]:
+    """`parts` without sequences whose prompt an earlier sequence already had (runs that
+    sampled the same prompt answer it alike) or that `exclude` (the held-out answers) has.
+    -> (the parts, {"duplicate_prompts": n, "held_out_prompts": m} dropped)."""
+    banned = set() if exclude is None else {
+        tuple(s[:p]) for s, p in zip(exclude.sequences, exclude.prompt_lens)}
+    seen: set[tuple[int, ...]] = set()
+    dropped = {"duplicate_prompts": 0, "held_out_prompts": 0}
+    out = []
+    for part in parts:
+        keep = []
+        for i, (s, p) in enumerate(zip(part.sequences, part.prompt_lens)):
+            key = tuple(s[:p])
+            if key in banned:
+                dropped["held_out_prompts"] += 1
+            elif key in seen:
+                dropped["duplicate_prompts"] += 1
+            else:
+                seen.add(key)
+                keep.append(i)
+        out.append(part.subset(keep))
+    return out, dropped
+
+
 def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
     """Token ids by how often they occur in the responses (prompts excluded: the draft
     predicts answers), most frequent first, ties by id; unseen tokens are left out."""

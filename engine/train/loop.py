@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter
-from .dataset import Dataset, encode_prompts, write_token_ranking
+from .dataset import Dataset, distinct_prompts, encode_prompts, write_token_ranking
 from .generate import generate_dataset
 from .objective import (
     block_loss,
@@ -339,6 +339,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         train_parts.append(kept)
         val_sets[name] = val
         say(f"data: {len(kept)} training + {len(val)} validation sequences from {path}")
+    # a prompt answered by two runs, or one the held-out set has, is trained on once / never
+    train_parts, dropped = distinct_prompts(train_parts, val_sets.get("heldout"))
+    if any(dropped.values()):
+        say(f"data: dropped {dropped['duplicate_prompts']} repeated and "
+            f"{dropped['held_out_prompts']} held-out prompts")
     train_set = Dataset.concat(train_parts)
     val_name = "heldout" if "heldout" in val_sets else next(iter(val_sets))
     val_set = val_sets[val_name]
@@ -379,7 +384,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     anchor_rng = rng if world == 1 else np.random.default_rng([cfg.seed + step, rank])
     log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
                            "data": {**data.meta, "sequences": len(data),
-                                    "train_sequences": len(train_set),
+                                    "train_sequences": len(train_set), "dropped": dropped,
                                     "val_sequences": len(val_set),
                                     "val_sets": {k: len(v) for k, v in val_sets.items()},
                                     "response_tokens": data.response_tokens,

@@ -131,8 +131,12 @@ def is_clean(record: PromptRecord, decon: Decontaminator | None) -> bool:
 
 
 def usable(records: Sequence[PromptRecord], decon: Decontaminator | None) -> list[PromptRecord]:
-    """Drop held-out and contaminated records."""
-    return [r for r in records if not is_held_out(r.id) and is_clean(r, decon)]
+    """Drop held-out and contaminated records, and records that repeat a held-out record's
+    turn under another id (the prompt file holds the same greeting or question more than
+    once): a held-out prompt must never be trained on, whatever its id."""
+    held = {" ".join(_words(t)) for r in records if is_held_out(r.id) for t in r.turns}
+    return [r for r in records if not is_held_out(r.id) and is_clean(r, decon)
+            and not any(" ".join(_words(t)) in held for t in r.turns)]
 
 
 def sample_by_source(records: Sequence[PromptRecord], n: int, seed: int,
