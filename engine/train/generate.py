@@ -62,6 +62,29 @@ def loop_starts(rows: np.ndarray, lengths: np.ndarray, window: int = 64,
     return out
 
 
+def pick(logits: mx.array, temperature: float) -> mx.array:
+    """Each row's next token: greedy, or drawn at `temperature` (seed with mx.random.seed)."""
+    if temperature <= 0:
+        return mx.argmax(logits, axis=-1)
+    return mx.random.categorical(logits.astype(mx.float32) / temperature)
+
+
+def left_padded(prompts: list[list[int]]) -> tuple[mx.array, list[int]]:
+    """Prompts as one batch [B, longest], each left-padded -> (tokens, each row's padding)."""
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    return mx.array([[0] * k + p for k, p in zip(pads, prompts)]), pads
+
+
+def last_logits(model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+    """Prefill `tokens` into `cache` -> the logits of the last position [B, V], the head on
+    that position only: full-prompt logits of a big batch would not fit."""
+    from ..targets import adapter_for
+
+    target = adapter_for(model)
+    return target.lm_head(target.inner(tokens, cache=cache)[:, -1])
+
+
 def continue_batch(model: nn.Module, prompts: list[list[int]], max_new: int, eos: set[int],
                    temperature: float = 0.0, stop_loops: bool = False) -> list[list[int]]:
     """Continuations of a batch of prompts: greedy, or sampled at `temperature` (seed with
@@ -72,30 +95,18 @@ def continue_batch(model: nn.Module, prompts: list[list[int]], max_new: int, eos
     the batch's end (cut it afterwards with `loop_starts`)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..targets import adapter_for
-
-    width = max(len(p) for p in prompts)
-    pads = [width - len(p) for p in prompts]
+    tokens, pads = left_padded(prompts)
     if any(pads) and not paddable(model):
         raise ValueError("prompts of different lengths need an attention-only model: "
                          "group them by length (generate_dataset does)")
     cache = left_padded_cache(model, pads) if any(pads) else make_prompt_cache(model)
-    tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
-
-    def pick(logits: mx.array) -> mx.array:
-        if temperature <= 0:
-            return mx.argmax(logits, axis=-1)
-        return mx.random.categorical(logits.astype(mx.float32) / temperature)
-
-    # the head on the last position only: full-prompt logits of a big batch would not fit
-    target = adapter_for(model)
-    tok = pick(target.lm_head(target.inner(tokens, cache=cache)[:, -1]))
+    tok = pick(last_logits(model, tokens, cache), temperature)
     steps, finished = [tok], mx.zeros(tok.shape, dtype=mx.bool_)
     eos_ids = mx.array(sorted(eos))
     looped = np.zeros(len(prompts), dtype=bool)
     for i in range(1, max_new):
         finished = finished | (tok[:, None] == eos_ids).any(axis=-1)
-        tok = pick(model(tok[:, None], cache=cache)[:, -1])
+        tok = pick(model(tok[:, None], cache=cache)[:, -1], temperature)
         steps.append(tok)
         mx.async_eval(tok, finished)
         if i % 64 == 0:
@@ -121,9 +132,7 @@ class RunningBatch:
     def __init__(self, model: nn.Module, max_new: int, eos: set[int], width: int,
                  temperature: float = 0.0, stop_loops: bool = False,
                  prefill_tokens: int = 1 << 16) -> None:
-        from ..targets import adapter_for
-
-        self.model, self.target = model, adapter_for(model)
+        self.model = model
         self.max_new, self.eos, self.width = max_new, eos, width
         self.temperature, self.stop_loops = temperature, stop_loops
         self.prefill_tokens = prefill_tokens  # bounds a prefill's attention scores
@@ -132,19 +141,11 @@ class RunningBatch:
         self.out: list[list[int]] = []  # tokens so far of each row
         self.tok: mx.array | None = None  # each row's last token [B]
 
-    def pick(self, logits: mx.array) -> mx.array:
-        if self.temperature <= 0:
-            return mx.argmax(logits, axis=-1)
-        return mx.random.categorical(logits.astype(mx.float32) / self.temperature)
-
     def add(self, indices: list[int], prompts: list[list[int]]) -> None:
         """Prefill `prompts` (left-padded among themselves) and join them to the batch."""
-        width = max(len(p) for p in prompts)
-        pads = [width - len(p) for p in prompts]
+        tokens, pads = left_padded(prompts)
         cache = left_padded_cache(self.model, pads)
-        tokens = mx.array([[0] * k + p for k, p in zip(pads, prompts)])
-        # the head on the last position only: full-prompt logits of a big batch would not fit
-        first = self.pick(self.target.lm_head(self.target.inner(tokens, cache=cache)[:, -1]))
+        first = pick(last_logits(self.model, tokens, cache), self.temperature)
         mx.eval(first, [(c.keys, c.values) for c in cache])
         if self.cache is None:
             self.cache, self.tok = cache, first
@@ -172,7 +173,7 @@ class RunningBatch:
         steps = []
         tok = self.tok
         for _ in range(n):
-            tok = self.pick(self.model(tok[:, None], cache=self.cache)[:, -1])
+            tok = pick(self.model(tok[:, None], cache=self.cache)[:, -1], self.temperature)
             steps.append(tok)
             mx.async_eval(tok)
         self.tok = tok
