@@ -312,12 +312,11 @@ def load_tokenizer(path: Path, metadata: dict[str, Any]) -> TokenizerWrapper:
 def tokenizer_folder(path: Path, metadata: dict[str, Any]) -> Path:
     """`<gguf>.tokenizer/` (or one in the cache if that is read-only), rebuilt when stale or
     damaged: its stamp names the GGUF it came from and the sha256 of each file written."""
-    stat = path.stat()
-    source = {"version": TOKENIZER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     from .cache import cache_root, sha256_file
 
+    source = tokenizer_source(path)
     folders = (path.with_name(path.name + ".tokenizer"),
-               cache_root() / "gguf-tokenizers" / f"{path.name}-{stat.st_size}")
+               cache_root() / "gguf-tokenizers" / f"{path.name}-{source['size']}")
     for folder in folders:
         stamp = _read_stamp(folder)
         files = stamp.get("files") if stamp and stamp.get("source") == source else None
@@ -337,6 +336,20 @@ def tokenizer_folder(path: Path, metadata: dict[str, Any]) -> Path:
     )
 
 
+def tokenizer_source(path: Path) -> dict:
+    """What a tokenizer folder's stamp records of the GGUF it was built from."""
+    stat = path.stat()
+    return {"version": TOKENIZER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def stamp_tokenizer(folder: Path, source: dict) -> None:
+    """Write `folder`'s stamp: built from `source`, with the sha256 of each file."""
+    from .cache import sha256_file
+
+    files = {n: sha256_file(folder / n) for n in ("tokenizer.json", "tokenizer_config.json")}
+    (folder / "source.json").write_text(json.dumps({"source": source, "files": files}))
+
+
 def _read_stamp(folder: Path) -> dict | None:
     try:
         stamp = json.loads((folder / "source.json").read_text())
@@ -346,15 +359,12 @@ def _read_stamp(folder: Path) -> dict | None:
 
 
 def _write_tokenizer(folder: Path, metadata: dict[str, Any], source: dict) -> None:
-    from .cache import sha256_file
-
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
     try:
         build_backend_tokenizer(metadata).save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata)))
-        files = {n: sha256_file(tmp / n) for n in ("tokenizer.json", "tokenizer_config.json")}
-        (tmp / "source.json").write_text(json.dumps({"source": source, "files": files}))
+        stamp_tokenizer(tmp, source)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
     finally:
