@@ -42,7 +42,7 @@ from engine.bench.synthetic import (  # noqa: E402
     run_dflash,
     target_config,
 )
-from engine.bench.timing import first_mismatch, run_baseline  # noqa: E402
+from engine.bench.timing import run_baseline, versus  # noqa: E402
 from engine.distributed import Lockstep, check_shardable, init_group  # noqa: E402
 from engine.targets import adapter_for  # noqa: E402
 
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for tpc in args.tokens_per_cycle:
         flash, cycles, rounds, consistent = oracle_run(target, draft, prompt, list(base.tokens),
                                            args.max_tokens, args.block_size, tpc, args.seed)
-        mismatch = first_mismatch(base.tokens, flash.tokens)
+        compared = versus(base, flash)
+        mismatch = compared["first_mismatch"]
         gap = None
         if mismatch is not None and agree and mismatch < min(len(base.tokens),
                                                              len(flash.tokens)):
@@ -161,11 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append({
             "tokens_per_cycle_target": tpc,
             "dflash": {**flash.summary(), **cycles},
-            "speedup": flash.tokens_per_second / base.tokens_per_second,
-            "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
-                               if base.decode_tokens_per_second else None),
-            "token_match": mismatch is None,
-            "first_mismatch": mismatch,
+            **compared,
             "divergence_logit_gap": gap,
             "near_tie": None if gap is None else abs(gap) < NEAR_TIE_GAP,
             "oracle_reference_runs": rounds,

@@ -36,7 +36,7 @@ from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
 from .oracle import Oracle, OracleProposer, consistent_reference
-from .timing import NEAR_TIE_GAP, Side, divergence, first_mismatch, near_tie, run_baseline
+from .timing import NEAR_TIE_GAP, Side, divergence, near_tie, run_baseline, versus
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
 MODELS = ("qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3-8b", "smollm2-135m")
@@ -282,7 +282,6 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     _, profiled = oracle_run(reference, profile=True)  # device time per phase
     cycles.update({k: profiled[k] for k in ("cycle_profile_s", "cycle_profile_per_cycle_ms")})
     fwd = forward_timings(model, target, prompt, iters, block_size)
-    mismatch = first_mismatch(base.tokens, flash.tokens)
     found = divergence(model, prompt, base.tokens, flash.tokens, PREFILL_CHUNK)
     cfg = text_args(model)
     return {
@@ -311,11 +310,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "forward": fwd,
         "baseline": base.summary(),
         "dflash": {**flash.summary(), **cycles},
-        "speedup": flash.tokens_per_second / base.tokens_per_second,
-        "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
-                           if base.decode_tokens_per_second else None),
-        "token_match": mismatch is None,
-        "first_mismatch": mismatch,
+        **versus(base, flash),
         "divergence": found,
         "near_tie": near_tie(found, dtype) if found else None,
         "oracle_reference_runs": rounds,

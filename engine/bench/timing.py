@@ -88,6 +88,15 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def versus(base: Side, flash: Side) -> dict:
+    """A DFlash run against its baseline: end-to-end and decode speed-ups, token match."""
+    mismatch = first_mismatch(base.tokens, flash.tokens)
+    return {"speedup": flash.tokens_per_second / base.tokens_per_second,
+            "decode_speedup": (flash.decode_tokens_per_second / base.decode_tokens_per_second
+                               if base.decode_tokens_per_second else None),
+            "token_match": mismatch is None, "first_mismatch": mismatch}
+
+
 # Activations in these dtypes may round a near-tie differently in a batched verify than in
 # 1-token decoding; a top-1 minus top-2 gap below NEAR_TIE_GAP is such a near-tie.
 LOW_PRECISION = ("bfloat16", "float16")
