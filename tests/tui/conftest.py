@@ -84,6 +84,11 @@ def replies(app) -> list:
     return [v for v in app.chat.query(MessageView) if v.role == "assistant"]
 
 
+def reply_settled(app) -> bool:
+    """No reply is streaming and at least one has been shown."""
+    return app.chat.active is None and bool(replies(app))
+
+
 def engine_ready(app) -> bool:
     return bool(app.chat.query_one("StatsSidebar").info)
 

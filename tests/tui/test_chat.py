@@ -9,7 +9,7 @@ from dflash_tui.widgets.sidebar import StatsSidebar
 from dflash_tui.widgets.transcript import MessageView
 from engine.errors import ModelNotAvailable
 
-from .conftest import engine_ready, replies, send, wait_for
+from .conftest import engine_ready, replies, reply_settled, send, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -32,7 +32,7 @@ async def test_send_streams_reply_and_sidebar_changes(make_app):
                 seen.add(sidebar.stats.generated)
             if replies(app):
                 lengths.add(len(replies(app)[-1].content))
-            return app.chat.active is None and bool(replies(app))
+            return reply_settled(app)
 
         await wait_for(pilot, observe)
         await task
@@ -75,7 +75,7 @@ async def test_history_persists_across_restart(make_app, isolated_dirs):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "remember me")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         first_reply = replies(app)[-1].content
     app2 = make_app()
     async with app2.run_test(size=(120, 40)) as pilot:
@@ -102,7 +102,7 @@ async def test_export_writes_markdown(make_app):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "export this")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         path = app.action_export()
         assert path is not None and path.suffix == ".md"
         text = path.read_text()
@@ -165,7 +165,7 @@ async def test_regenerate_replaces_the_last_reply(make_app):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "first question")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         old = app.store.messages(app.conversation_id)
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app.chat.active is None and replies(app)
@@ -183,7 +183,7 @@ async def test_edit_and_resend_the_last_message(make_app):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "tpyo here")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         prompt = app.chat.query_one(PromptInput)
         await pilot.press("ctrl+g")
         assert prompt.text == "tpyo here"

@@ -10,14 +10,14 @@ from dflash_tui.app import DFlashChatApp
 from dflash_tui.backends import FakeBackend
 from dflash_tui.screens.conversations import ConversationsScreen
 
-from .conftest import engine_ready, replies, send, wait_for
+from .conftest import engine_ready, replies, reply_settled, send, wait_for
 
 pytestmark = pytest.mark.asyncio
 
 
 async def chat(pilot, app, text: str) -> None:
     await send(pilot, text)
-    await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+    await wait_for(pilot, lambda: reply_settled(app))
 
 
 def titles(screen: ConversationsScreen) -> list[str]:

@@ -15,7 +15,7 @@ from dflash_tui.backends import FakeBackend
 from dflash_tui.cli import main
 from dflash_tui.store import DB_NAME, SchemaTooNew, Store
 
-from .conftest import engine_ready, replies, send, wait_for
+from .conftest import engine_ready, reply_settled, send, wait_for
 
 
 def damaged_by_garbage(path: Path) -> None:
@@ -52,7 +52,7 @@ async def test_damaged_history_is_moved_aside_and_a_fresh_one_starts(isolated_di
         notes = [n.message for n in app._notifications]
         assert any(f"It was moved to {aside} (kept, not deleted)" in m for m in notes), notes
         await send(pilot, "a fresh start")  # the new history works
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         assert [m.content for m in app.store.messages(app.conversation_id)][0] == "a fresh start"
 
 

@@ -11,7 +11,7 @@ from dflash_tui.screens.picker import PickerScreen
 from dflash_tui.widgets.ids import fit_id, middle_ellipsis, split_id
 from dflash_tui.widgets.sidebar import COLLAPSE_CYCLES, StatsSidebar
 
-from .conftest import engine_ready, replies, send, wait_for
+from .conftest import engine_ready, replies, reply_settled, send, wait_for
 
 
 def test_fit_id_drops_the_org_then_cuts_the_middle():
@@ -83,7 +83,7 @@ async def test_sidebar_says_why_speculation_is_off():
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         await pilot.pause()
         speculation = str(app.chat.query_one("#speculation").render())
         assert speculation == f"speculation off: {reason}"
@@ -107,7 +107,7 @@ async def test_collapsed_draft_gets_a_visible_hint(pattern, collapsed):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "go")
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         await pilot.pause()
         hint = app.chat.query_one("#hint")
         assert hint.has_class("visible") is collapsed
@@ -154,7 +154,7 @@ async def test_help_and_conversation_list_fit_the_terminal(width):
     async with app.run_test(size=(width, 24)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "a title long enough to need shortening " * 3)
-        await wait_for(pilot, lambda: app.chat.active is None and bool(replies(app)))
+        await wait_for(pilot, lambda: reply_settled(app))
         await pilot.press("ctrl+l")
         await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen))
         await pilot.pause()

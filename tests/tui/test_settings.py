@@ -15,7 +15,7 @@ from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.store import DB_NAME, MIGRATIONS, SCHEMA_VERSION, Store
 from dflash_tui.worker import GenerateJob
 
-from .conftest import engine_ready, replies, send, wait_for
+from .conftest import engine_ready, replies, reply_settled, send, wait_for
 
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3}
 
@@ -51,8 +51,7 @@ def sidebar_sampling(app: DFlashChatApp) -> str:
 
 
 def reply_done(app: DFlashChatApp) -> bool:
-    return app.chat.active is None and bool(replies(app)) and \
-        replies(app)[-1].status in ("done", "length")
+    return reply_settled(app) and replies(app)[-1].status in ("done", "length")
 
 
 @pytest.mark.asyncio
