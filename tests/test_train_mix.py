@@ -105,6 +105,9 @@ def test_vectorised_loop_detection_matches_the_metric():
     got = loop_starts(grid, np.array([len(r) for r in rows])).tolist()
     assert got == [-1 if loop_start(r) is None else loop_start(r) for r in rows]
     assert any(g >= 0 for g in got) and any(g < 0 for g in got)
+    # ids too far apart to pack four into 64 bits take the other n-gram path: same answer
+    wide = np.where(grid >= 0, grid * 100_003, -1)
+    assert loop_starts(wide, np.array([len(r) for r in rows])).tolist() == got
 
 
 def test_loop_cut_keeps_a_few_tokens_of_the_loop():

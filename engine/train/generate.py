@@ -30,31 +30,55 @@ def left_padded_cache(model: nn.Module, pads: list[int]) -> list[Any]:
     return [BatchKVCache(pads) for _ in text_model(model).layers]
 
 
+def _gram_ids(rows: np.ndarray, n: int) -> np.ndarray:
+    """rows [B, T] -> [B, T - n + 1] ids, equal exactly where the n-grams starting there are:
+    the n tokens packed into one integer when they fit, else ranks of the distinct n-grams."""
+    B, width = rows.shape
+    G = width - n + 1
+    bits = 64 // n
+    low, high = int(rows.min()), int(rows.max())
+    if high - low < 1 << bits:
+        ids = np.zeros((B, G), dtype=np.uint64)
+        for k in range(n):
+            ids = (ids << np.uint64(bits)) | (rows[:, k:k + G] - low).astype(np.uint64)
+        return ids
+    grams = np.stack([rows[:, k:k + G] for k in range(n)], axis=-1).reshape(B * G, n)
+    return np.unique(grams, axis=0, return_inverse=True)[1].reshape(B, G)
+
+
 def loop_starts(rows: np.ndarray, lengths: np.ndarray, window: int = 64,
                 threshold: float = 0.5, n: int = 4) -> np.ndarray:
     """engine.bench.metrics.loop_start for a batch at once: rows [B, T] (padded), lengths [B] ->
     [B] first position whose trailing `window` tokens repeat more than `threshold` of their
-    n-grams, -1 where a row never loops. Vectorised: answers run to a thousand tokens."""
+    n-grams, -1 where a row never loops. Vectorised, and linear in T: a running batch checks
+    hundreds of rows every few dozen steps."""
     B, width = rows.shape
     out = np.full(B, -1, dtype=np.int64)
     if width <= n:
         return out
     G = width - n + 1
-    grams = np.stack([rows[:, k:k + G] for k in range(n)], axis=-1)  # [B, G, n]
+    ids = _gram_ids(rows, n)
     # prev[b, i]: the nearest earlier start j >= i - (window - n) of the same n-gram, else -1
     reach = window - n + 1
     prev = np.full((B, G), -1, dtype=np.int64)
     for d in range(reach, 0, -1):  # nearest last, so it wins
-        same = (grams[:, d:] == grams[:, :-d]).all(axis=-1)
-        idx = np.arange(d, G)
-        prev[:, d:] = np.where(same, idx - d, prev[:, d:])
-    p = np.arange(n, width)  # window [s, p]; its grams start at s .. p - n + 1
-    s = np.maximum(0, p - window + 1)
-    offs = np.arange(reach)
-    i = s[:, None] + offs[None, :]  # [P, reach]
-    inside = i <= (p - n + 1)[:, None]
-    rep = (prev[:, np.minimum(i, G - 1)] >= s[None, :, None]) & inside[None]
-    share = rep.sum(-1) / inside.sum(-1)[None]  # [B, P]
+        same = ids[:, d:] == ids[:, :-d]
+        prev[:, d:] = np.where(same, np.arange(d, G) - d, prev[:, d:])
+    # nxt[b, j]: the start i whose prev is j (the next occurrence, if within reach), else G
+    nxt = np.full((B, G + 1), G, dtype=np.int64)
+    b_idx, i_idx = np.nonzero(prev >= 0)
+    nxt[b_idx, prev[b_idx, i_idx]] = i_idx
+    # window of position p: n-gram starts s..e, s = max(0, p - window + 1), e = p - n + 1;
+    # repeated = starts whose gram occurred earlier inside the window (prev >= s). Sliding
+    # from p - 1 to p, start e joins (repeated if prev[e] >= s) and when s moves on, the
+    # next occurrence of the gram at the old s (if already inside) stops being repeated.
+    p = np.arange(n, width)
+    s, e = np.maximum(0, p - window + 1), p - n + 1
+    s_before = np.maximum(0, p - window)
+    joins = prev[:, e] >= s[None]
+    leaves = (s > s_before)[None] & (nxt[:, s_before] <= (e - 1)[None])
+    repeated = np.cumsum(joins.astype(np.int64) - leaves, axis=1)
+    share = repeated / (e - s + 1)[None]  # [B, P]
     looping = (share > threshold) & (p[None, :] < lengths[:, None])
     first = looping.argmax(axis=1)
     hit = looping[np.arange(B), first]
