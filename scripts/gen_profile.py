@@ -15,7 +15,17 @@ Sections of the report (each answers one hypothesis about the slow decode steps)
   running     answer_running end to end on real prompts (benchmarks/stage5 data) for a time
               budget per attention: tokens/s and its seconds by kind (decode, sync, check,
               loops, drop, fill), with the drops' and fills' cache work evaluated in place
-The JSON names the machine, the versions and the MLX wheels.
+The JSON names the machine, the versions and the MLX wheels; "summary" puts the deciding
+numbers side by side (per decode step of the widest, longest shape). How to read it:
+  attention_ms_per_step fused_boolmask >> fused_nomask: the mask's unfused path is the cost
+      (then step_ms masked >> plain too); grouped_mask near fused_nomask: --gen-attention
+      grouped fixes it; unfused_values alone large: the broadcast batched product
+  cache_update_ms_per_step near cache_copy_estimate_ms (or above): every update copies the
+      cache (no buffer donation); near zero: updates are in place
+  running share: decode (building + queueing steps) >> sync: Python-bound steps; loops,
+      check, drop or fill large: the GPU waits on that work between chunks of steps
+Estimated on an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480): about 2 minutes,
+most of it the two 20-second end-to-end runs and the 768-row decode steps.
 """
 
 from __future__ import annotations
@@ -134,8 +144,7 @@ def cache_row(model, width: int, ctx: int, steps: int, dtype) -> dict:
     kshape = caches[0].keys.shape
     new = mx.random.normal((width, kshape[1], 1, kshape[3])).astype(dtype)
     q = mx.random.normal((width, n_heads, 1, kshape[3])).astype(dtype)
-    fixed = [c.keys_and_values() for c in caches]
-    mx.eval(new, q, fixed)
+    mx.eval(new, q)
     sdpa = mx.fast.scaled_dot_product_attention
 
     # each call's result is a new small array: a view of the cache kept alive would itself
@@ -146,8 +155,8 @@ def cache_row(model, width: int, ctx: int, steps: int, dtype) -> dict:
     def update_read():
         return [sdpa(q, *c.update_and_fetch(new, new), scale=scale) for c in caches]
 
-    def read():
-        return [sdpa(q, k, v, scale=scale) for k, v in fixed]
+    def read():  # views taken per call: held between calls, they would block the updates
+        return [sdpa(q, *c.keys_and_values(), scale=scale) for c in caches]
 
     row = {"width": width, "context": ctx, "layers": len(caches)}
     for name, fn in (("update", update), ("update_read", update_read), ("read", read)):
@@ -308,8 +317,42 @@ def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[
             report[key] = {"error": f"{type(exc).__name__}: {exc}"}
             print(key, "failed:", report[key]["error"], flush=True)
         report["section_s"][key] = round(time.perf_counter() - t, 2)
+    report["summary"] = summary(report)
     report["total_s"] = round(time.perf_counter() - t0, 2)
     return report
+
+
+def summary(report: dict) -> dict:
+    """The few numbers that decide issue 12, from the widest and longest shape measured:
+    per decode step (all layers), what the padding mask costs in attention and in a whole
+    step, what grouped attention saves, whether cache updates cost a copy of the cache, and
+    the end-to-end rates."""
+    out: dict = {}
+
+    def pick(rows: list[dict]) -> dict:
+        return max(rows, key=lambda r: (r["width"], r["context"]))
+
+    layers = report["shape"]["layers"]
+    if isinstance(report.get("sdpa"), list) and report["sdpa"]:
+        r = pick(report["sdpa"])
+        out["attention_ms_per_step"] = {k: round(r[f"{k}_ms"] * layers, 2) for k in (
+            "fused_nomask", "fused_boolmask", "grouped_mask", "unfused_scores",
+            "unfused_values", "grouped_scores", "grouped_values")}
+        out["attention_shape"] = [r["width"], r["context"]]
+    if isinstance(report.get("model_step"), list) and report["model_step"]:
+        r = pick(report["model_step"])
+        out["step_ms"] = {k: r[f"{k}_ms"] for k in ("plain", "masked", "half_padded",
+                                                    "half_padded_grouped")}
+        out["step_shape"] = [r["width"], r["context"]]
+    if isinstance(report.get("cache"), list) and report["cache"]:
+        r = pick(report["cache"])
+        out["cache_update_ms_per_step"] = r["update_ms_per_step"]
+        out["cache_copy_estimate_ms"] = r["copy_all_ms_at_3tb_per_s"]
+    if isinstance(report.get("running"), list):
+        out["running_tokens_per_s"] = {r["attention"]: r["tokens_per_s"]
+                                       for r in report["running"]}
+        out["running_share"] = {r["attention"]: r["share"] for r in report["running"]}
+    return out
 
 
 def main() -> int:
@@ -317,9 +360,9 @@ def main() -> int:
     p.add_argument("--model", help="target id or folder (default: the offline default)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--widths", default="256,768", help="rows per batch, comma-separated")
-    p.add_argument("--contexts", default="500,1500",
-                   help="KV positions per row (a little under a multiple of 256: the timed "
-                        "steps then fit the cache's capacity)")
+    p.add_argument("--contexts", default="480,1480",
+                   help="KV positions per row (under a multiple of 256 by more than the timed "
+                        "steps add: no reallocation of the cache inside a timing)")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per shape")
     p.add_argument("--running-seconds", type=float, default=20.0,
                    help="time budget of each end-to-end run")

@@ -408,6 +408,8 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
                             running_width=4, running_prompts=10, max_new=6,
                             running_seconds=None, prompts_file=None, prompt_median=6)
     assert {"machine", "versions", "wheels", "shape"} <= set(report)
+    assert set(report["summary"]["running_tokens_per_s"]) == {"mlx", "grouped"}
+    assert report["summary"]["step_shape"] == [3, 8]
     assert [(r["width"], r["context"]) for r in report["model_step"]] == [(2, 8), (3, 8)]
     for row in report["model_step"]:
         for way in ("plain", "masked", "half_padded", "half_padded_grouped"):
