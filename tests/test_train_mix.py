@@ -252,3 +252,17 @@ def test_skip_answered_asks_no_prompt_an_earlier_dataset_holds(pair, tmp_path):
     assert again.skipped["multiturn"] == 1  # the opener's stored answer, not asked again
     assert len(replay) == 1 and replay.prompt_lens[0] > len(opener)  # turn 2 only
     assert replay.sequences[0][:len(earlier.sequences[-1])] == earlier.sequences[-1]
+
+
+def test_skip_answered_flag_reaches_the_collector_and_checks_its_files(tmp_path):
+    from engine.errors import ConfigError
+    from engine.train.loop import TrainConfig, build_parser, train
+
+    args = vars(build_parser().parse_args([
+        "--model", "m", "--out", str(tmp_path / "o"), "--gen-attention", "grouped",
+        "--skip-answered", str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]))
+    cfg = TrainConfig(**args)
+    assert cfg.skip_answered == [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    assert cfg.gen_attention == "grouped"
+    with pytest.raises(ConfigError, match="--skip-answered"):
+        train(cfg, say=lambda m: None)  # before any model loads
