@@ -7,25 +7,31 @@ Sections of the report (each answers one hypothesis about the slow decode steps)
               call: MLX's fused kernel without a mask (the floor), with the left-padding mask
               (MLX's CUDA kernels take no array mask: its unfused ops run), engine's
               grouped_sdpa, and the two products of each unfused path alone
-  cache       30 layers of BatchKVCache.update_and_fetch per step, pipelined like decoding:
-              alone, with a fused read of each layer's keys and values, and the read alone.
-              A cache copied on every update (no buffer donation) costs its whole size
+  cache       30 layers of BatchKVCache.update_and_fetch per step: alone, with a fused read of
+              each layer's keys and values (steps queued back to back, or each after the
+              last), and the read alone. A cache copied on every update (no buffer
+              donation: a queued step still reads it) costs its whole size per step
   model_step  whole decode steps: equal rows in a plain cache, a BatchKVCache without
-              padding, half the rows padded by L/2 (mlx attention and grouped attention)
+              padding, half the rows padded by L/2 (mlx attention and grouped attention),
+              queued back to back and (_synced) each after the last
   running     answer_running end to end on real prompts (benchmarks/stage5 data) for a time
-              budget per attention: tokens/s and its seconds by kind (decode, sync, check,
-              loops, drop, fill), with the drops' and fills' cache work evaluated in place
+              budget each: steps queued back to back (the old loop), each step queued after
+              the last (in_place), and grouped attention: tokens/s and its seconds by kind
+              (decode, sync, check, loops, drop, fill), the drops' and fills' cache work
+              evaluated where it happens
 The JSON names the machine, the versions and the MLX wheels; "summary" puts the deciding
 numbers side by side (per decode step of the widest, longest shape). How to read it:
   attention_ms_per_step fused_boolmask >> fused_nomask: the mask's unfused path is the cost
       (then step_ms masked >> plain too); grouped_mask near fused_nomask: --gen-attention
       grouped fixes it; unfused_values alone large: the broadcast batched product
-  cache_update_ms_per_step near cache_copy_estimate_ms (or above): every update copies the
-      cache (no buffer donation); near zero: updates are in place
-  running share: decode (building + queueing steps) >> sync: Python-bound steps; loops,
+  cache_ms_per_step update_read well above update_read_synced (by about
+      cache_copy_estimate_ms): steps queued back to back copy the whole cache on every
+      update (no buffer donation); RunningBatch(in_place=True) avoids it
+  running tokens_per_s: mlx (queued back to back, the old loop) vs mlx_in_place vs
+      grouped_in_place; share: decode (building + queueing steps) >> sync: Python-bound; loops,
       check, drop or fill large: the GPU waits on that work between chunks of steps
 Estimated on an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480): about 2 minutes,
-most of it the two 20-second end-to-end runs and the 768-row decode steps.
+most of it the three 15-second end-to-end runs and the 768-row decode steps.
 """
 
 from __future__ import annotations
@@ -54,8 +60,10 @@ def kv_shape(model) -> tuple[int, int, int]:
     return heads, kv, getattr(args, "head_dim", None) or args.hidden_size // heads
 
 
-def timed(fn, reps: int) -> float:
-    """ms per call of `fn` (-> arrays), `reps` calls queued back to back after two warm-ups."""
+def timed(fn, reps: int, synced: bool = False) -> float:
+    """ms per call of `fn` (-> arrays), `reps` calls queued back to back after two warm-ups;
+    `synced`: each call queued once the one before has finished (its graph built meanwhile),
+    as RunningBatch(in_place=True) does."""
     import mlx.core as mx
 
     for _ in range(2):
@@ -64,6 +72,8 @@ def timed(fn, reps: int) -> float:
     outs = []
     for _ in range(reps):
         outs.append(fn())
+        if synced:
+            mx.synchronize()
         mx.async_eval(outs[-1])
     mx.eval(outs)
     return (time.perf_counter() - start) / reps * 1e3
@@ -148,7 +158,8 @@ def cache_row(model, width: int, ctx: int, steps: int, dtype) -> dict:
     sdpa = mx.fast.scaled_dot_product_attention
 
     # each call's result is a new small array: a view of the cache kept alive would itself
-    # stop MLX from updating the buffer in place
+    # stop MLX from updating the buffer in place (as a queued step that reads it does:
+    # "update_read" queues steps back to back, "update_read_synced" each after the last)
     def update():
         return [c.update_and_fetch(new, new)[0][:, 0, -1, 0] * 1 for c in caches]
 
@@ -159,8 +170,9 @@ def cache_row(model, width: int, ctx: int, steps: int, dtype) -> dict:
         return [sdpa(q, *c.keys_and_values(), scale=scale) for c in caches]
 
     row = {"width": width, "context": ctx, "layers": len(caches)}
-    for name, fn in (("update", update), ("update_read", update_read), ("read", read)):
-        row[f"{name}_ms_per_step"] = round(timed(fn, steps), 3)
+    for name, fn, synced in (("update", update, False), ("update_read", update_read, False),
+                             ("update_read_synced", update_read, True), ("read", read, False)):
+        row[f"{name}_ms_per_step"] = round(timed(fn, steps, synced), 3)
     cache_bytes = sum(c.keys.nbytes + c.values.nbytes for c in caches)
     row["cache_gb"] = round(cache_bytes / 1e9, 3)
     # a full copy (read + write) of every layer's cache at 3 TB/s would take:
@@ -190,16 +202,18 @@ def model_step_row(model, width: int, ctx: int, steps: int, dtype, vocab: int) -
     target = adapter_for(model)
     half = [ctx // 2 if i % 2 else 0 for i in range(width)]
     row = {"width": width, "context": ctx}
-    for name, pads, attention in (("plain", None, "mlx"), ("masked", [0] * width, "mlx"),
-                                  ("half_padded", half, "mlx"),
-                                  ("half_padded_grouped", half, "grouped")):
+    for name, pads, attention, synced in (
+            ("plain", None, "mlx", False), ("masked", [0] * width, "mlx", False),
+            ("half_padded", half, "mlx", False), ("half_padded_grouped", half, "grouped", False),
+            ("plain_synced", None, "mlx", True), ("half_padded_synced", half, "mlx", True),
+            ("half_padded_grouped_synced", half, "grouped", True)):
         cache = filled_cache(model, width, ctx, pads, dtype)
         tok = mx.random.randint(0, vocab, (width,))
 
         def one(tok=tok, cache=cache, attention=attention):
             return mx.argmax(decode_logits(model, tok, cache, attention, target), -1)
 
-        ms = timed(one, steps)
+        ms = timed(one, steps, synced)
         row[f"{name}_ms"] = round(ms, 3)
         row[f"{name}_tokens_per_s"] = round(width / ms * 1e3, 1)
         del cache, one
@@ -233,15 +247,16 @@ def running_rows(model, eos: set[int], prompts: list[list[int]], width: int, max
 
     order = running_order(prompts, width)
     rows = []
-    for attention in ("mlx", "grouped"):
+    for attention, in_place in (("mlx", False), ("mlx", True), ("grouped", True)):
         stats: dict = {}
         answers = answer_running(model, prompts, max_new, eos, width, seconds,
                                  stop_loops=True, order=order, attention=attention,
-                                 stats=stats, eager=True)
+                                 stats=stats, eager=True, in_place=in_place)
         tokens = sum(len(a) for a in answers.values())
         wall = stats["wall"]
         counts = stats["counts"]
-        row = {"attention": attention, "width": width, "max_new": max_new,
+        row = {"attention": attention, "in_place": in_place, "width": width,
+               "max_new": max_new,
                "answers": len(answers), "tokens": tokens, "wall_s": round(wall, 2),
                "tokens_per_s": round(tokens / wall, 1),
                "ms_per_step": round(1e3 * (stats["seconds"]["decode"] + stats["seconds"][
@@ -270,7 +285,7 @@ def wheels() -> dict:
 def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[int],
             steps: int, sdpa_reps: int = 20, running_width: int = 768,
             running_prompts: int = 2048, max_new: int = 1024,
-            running_seconds: float | None = 20.0, prompts_file: Path | None = PROMPTS,
+            running_seconds: float | None = 15.0, prompts_file: Path | None = PROMPTS,
             prompt_median: int = 80) -> dict:
     import os
 
@@ -341,17 +356,18 @@ def summary(report: dict) -> dict:
         out["attention_shape"] = [r["width"], r["context"]]
     if isinstance(report.get("model_step"), list) and report["model_step"]:
         r = pick(report["model_step"])
-        out["step_ms"] = {k: r[f"{k}_ms"] for k in ("plain", "masked", "half_padded",
-                                                    "half_padded_grouped")}
+        out["step_ms"] = {k[:-3]: v for k, v in r.items() if k.endswith("_ms")}
         out["step_shape"] = [r["width"], r["context"]]
     if isinstance(report.get("cache"), list) and report["cache"]:
         r = pick(report["cache"])
-        out["cache_update_ms_per_step"] = r["update_ms_per_step"]
+        out["cache_ms_per_step"] = {k[:-12]: v for k, v in r.items()
+                                    if k.endswith("_ms_per_step")}
         out["cache_copy_estimate_ms"] = r["copy_all_ms_at_3tb_per_s"]
     if isinstance(report.get("running"), list):
-        out["running_tokens_per_s"] = {r["attention"]: r["tokens_per_s"]
-                                       for r in report["running"]}
-        out["running_share"] = {r["attention"]: r["share"] for r in report["running"]}
+        runs = {r["attention"] + ("_in_place" if r["in_place"] else ""): r
+                for r in report["running"]}
+        out["running_tokens_per_s"] = {k: r["tokens_per_s"] for k, r in runs.items()}
+        out["running_share"] = {k: r["share"] for k, r in runs.items()}
     return out
 
 
@@ -364,7 +380,7 @@ def main() -> int:
                    help="KV positions per row (under a multiple of 256 by more than the timed "
                         "steps add: no reallocation of the cache inside a timing)")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per shape")
-    p.add_argument("--running-seconds", type=float, default=20.0,
+    p.add_argument("--running-seconds", type=float, default=15.0,
                    help="time budget of each end-to-end run")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--json", metavar="PATH")

@@ -286,10 +286,11 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
     eos = {alone[0][4], alone[3][2]}  # some rows end early, others run to the limit
     want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), len(a))] for a in alone]
     assert len({len(w) for w in want}) > 1
-    for attention in ("mlx", "grouped"):
+    for attention, in_place in (("mlx", True), ("mlx", False), ("grouped", True)):
         stats: dict = {}
         got = answer_running(model, prompts, 14, eos, width=3, refill_every=3,
-                             prefill_tokens=8, attention=attention, stats=stats)
+                             prefill_tokens=8, attention=attention, stats=stats,
+                             in_place=in_place)
         assert got == dict(enumerate(want))
         assert stats["counts"]["fills"] >= 2 and stats["counts"]["drops"] >= 2
 
@@ -408,19 +409,22 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
                             running_width=4, running_prompts=10, max_new=6,
                             running_seconds=None, prompts_file=None, prompt_median=6)
     assert {"machine", "versions", "wheels", "shape"} <= set(report)
-    assert set(report["summary"]["running_tokens_per_s"]) == {"mlx", "grouped"}
+    assert set(report["summary"]["running_tokens_per_s"]) == {"mlx", "mlx_in_place",
+                                                              "grouped_in_place"}
     assert report["summary"]["step_shape"] == [3, 8]
     assert [(r["width"], r["context"]) for r in report["model_step"]] == [(2, 8), (3, 8)]
     for row in report["model_step"]:
-        for way in ("plain", "masked", "half_padded", "half_padded_grouped"):
+        for way in ("plain", "masked", "half_padded", "half_padded_grouped", "plain_synced",
+                    "half_padded_synced", "half_padded_grouped_synced"):
             assert row[f"{way}_ms"] > 0 and row[f"{way}_tokens_per_s"] > 0
     for row in report["sdpa"]:
         for way in ("fused_nomask", "fused_boolmask", "grouped_mask", "unfused_values",
                     "grouped_values"):
             assert row[f"{way}_ms"] > 0
     assert [r["width"] for r in report["cache"]] == [3]  # the widest batch only
-    assert report["cache"][0]["update_read_ms_per_step"] > 0
-    assert [r["attention"] for r in report["running"]] == ["mlx", "grouped"]
+    assert report["cache"][0]["update_read_synced_ms_per_step"] > 0
+    assert [(r["attention"], r["in_place"]) for r in report["running"]] == [
+        ("mlx", False), ("mlx", True), ("grouped", True)]
     for row in report["running"]:
         assert row["answers"] == 10 and row["tokens"] > 0  # every prompt answered
         assert set(row["seconds"]) == {"decode", "sync", "check", "loops", "drop", "fill"}

@@ -192,6 +192,7 @@ def continue_batch(model: nn.Module, prompts: list[list[int]], max_new: int, eos
         finished = finished | (tok[:, None] == eos_ids).any(axis=-1)
         tok = pick(model(tok[:, None], cache=cache)[:, -1], temperature)
         steps.append(tok)
+        mx.synchronize()  # cache updates in place (see RunningBatch)
         mx.async_eval(tok, finished)
         if i % 64 == 0:
             done = np.array(finished)
@@ -217,19 +218,25 @@ class RunningBatch:
     steps; sync: waiting for their tokens; check: EOS and limits; loops: loop detection;
     drop: removing ended rows; fill: prefilling new ones) and `counts` how often each
     happened. GPU work is lazy: what a step queues is waited for in "sync", and a drop's
-    cache copies run with the next step unless `eager` evaluates them where they happen."""
+    cache copies run with the next step unless `eager` evaluates them where they happen.
+
+    `in_place`: each step is queued only once the step before has finished (its graph is
+    built meanwhile). MLX writes a KV cache update into the cache's buffer only when nothing
+    else holds that buffer, and a step still queued or running holds it (it reads the
+    keys): decoding steps queued back to back copy every layer's whole cache on every
+    step, gigabytes at hundreds of rows (scripts/gen_profile.py measures both)."""
 
     def __init__(self, model: nn.Module, max_new: int, eos: set[int], width: int,
                  temperature: float = 0.0, stop_loops: bool = False,
                  prefill_tokens: int = 1 << 16, attention: str = "mlx",
-                 eager: bool = False) -> None:
+                 eager: bool = False, in_place: bool = True) -> None:
         from ..targets import adapter_for
 
         self.model, self.target = model, adapter_for(model)
         self.max_new, self.eos, self.width = max_new, eos, width
         self.temperature, self.stop_loops = temperature, stop_loops
         self.prefill_tokens = prefill_tokens  # bounds a prefill's attention scores
-        self.attention, self.eager = attention, eager
+        self.attention, self.eager, self.in_place = attention, eager, in_place
         self.cache: list[Any] | None = None
         self.rows: list[int] = []  # prompt index of each row
         self.out: list[list[int]] = []  # tokens so far of each row
@@ -282,6 +289,8 @@ class RunningBatch:
             logits = decode_logits(self.model, tok, self.cache, self.attention, self.target)
             tok = pick(logits, self.temperature)
             steps.append(tok)
+            if self.in_place:
+                mx.synchronize()  # the last step lets go of the cache buffers (see class)
             mx.async_eval(tok)
         self.tok = tok
         t1 = time.perf_counter()
@@ -339,8 +348,8 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
                    on_done: Callable[[int], None] | None = None, temperature: float = 0.0,
                    stop_loops: bool = False, refill_every: int = 32,
                    prefill_tokens: int = 1 << 16, order: list[int] | None = None,
-                   attention: str = "mlx", stats: dict | None = None, eager: bool = False
-                   ) -> dict[int, list[int]]:
+                   attention: str = "mlx", stats: dict | None = None, eager: bool = False,
+                   in_place: bool = True) -> dict[int, list[int]]:
     """Answers to `prompts` through one `RunningBatch` of up to `width` rows, prompts taken in
     `order` (default: as given); refills once a quarter of the rows have ended. With
     `seconds`, stops there: the rows in flight give their answers so far (a prefix of the
@@ -348,7 +357,7 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
     if given, receives the batch's `seconds` and `counts` (see RunningBatch).
     -> {prompt index: answer}."""
     batch = RunningBatch(model, max_new, eos, width, temperature, stop_loops, prefill_tokens,
-                         attention, eager)
+                         attention, eager, in_place)
     queue = list(range(len(prompts))) if order is None else list(order)
     answers: dict[int, list[int]] = {}
     start = time.perf_counter()
