@@ -170,9 +170,12 @@ def cache_row(model, width: int, ctx: int, steps: int, dtype) -> dict:
         return [sdpa(q, *c.keys_and_values(), scale=scale) for c in caches]
 
     row = {"width": width, "context": ctx, "layers": len(caches)}
-    for name, fn, synced in (("update", update, False), ("update_read", update_read, False),
-                             ("update_read_synced", update_read, True), ("read", read, False)):
+    # queued back to back last: if copies pile up, the other numbers are in already
+    for name, fn, synced in (("read", read, False), ("update_read_synced", update_read, True),
+                             ("update", update, False), ("update_read", update_read, False)):
+        mx.reset_peak_memory()
         row[f"{name}_ms_per_step"] = round(timed(fn, steps, synced), 3)
+        row[f"{name}_peak_gb"] = round(mx.get_peak_memory() / 1e9, 2)
     cache_bytes = sum(c.keys.nbytes + c.values.nbytes for c in caches)
     row["cache_gb"] = round(cache_bytes / 1e9, 3)
     # a full copy (read + write) of every layer's cache at 3 TB/s would take:
@@ -203,19 +206,23 @@ def model_step_row(model, width: int, ctx: int, steps: int, dtype, vocab: int) -
     half = [ctx // 2 if i % 2 else 0 for i in range(width)]
     row = {"width": width, "context": ctx}
     for name, pads, attention, synced in (
-            ("plain", None, "mlx", False), ("masked", [0] * width, "mlx", False),
-            ("half_padded", half, "mlx", False), ("half_padded_grouped", half, "grouped", False),
             ("plain_synced", None, "mlx", True), ("half_padded_synced", half, "mlx", True),
-            ("half_padded_grouped_synced", half, "grouped", True)):
+            ("half_padded_grouped_synced", half, "grouped", True),
+            ("plain", None, "mlx", False), ("masked", [0] * width, "mlx", False),
+            ("half_padded", half, "mlx", False), ("half_padded_grouped", half, "grouped", False)):
         cache = filled_cache(model, width, ctx, pads, dtype)
         tok = mx.random.randint(0, vocab, (width,))
 
         def one(tok=tok, cache=cache, attention=attention):
             return mx.argmax(decode_logits(model, tok, cache, attention, target), -1)
 
+        mx.reset_peak_memory()
         ms = timed(one, steps, synced)
         row[f"{name}_ms"] = round(ms, 3)
         row[f"{name}_tokens_per_s"] = round(width / ms * 1e3, 1)
+        row[f"{name}_peak_gb"] = round(mx.get_peak_memory() / 1e9, 2)
+        if name == "plain_synced":
+            row["cache_gb"] = round(sum(c.keys.nbytes + c.values.nbytes for c in cache) / 1e9, 2)
         del cache, one
         mx.clear_cache()
     return row
@@ -243,11 +250,16 @@ def load_prompts(path: Path | None, n: int, vocab: int, median: int = 80,
 
 def running_rows(model, eos: set[int], prompts: list[list[int]], width: int, max_new: int,
                  seconds: float | None) -> list[dict]:
+    import mlx.core as mx
+
     from engine.train.generate import answer_running, running_order
 
     order = running_order(prompts, width)
     rows = []
-    for attention, in_place in (("mlx", False), ("mlx", True), ("grouped", True)):
+    # the old loop (steps queued back to back) last: if its cache copies pile up, the
+    # other numbers are in already
+    for attention, in_place in (("mlx", True), ("grouped", True), ("mlx", False)):
+        mx.reset_peak_memory()
         stats: dict = {}
         answers = answer_running(model, prompts, max_new, eos, width, seconds,
                                  stop_loops=True, order=order, attention=attention,
@@ -264,7 +276,7 @@ def running_rows(model, eos: set[int], prompts: list[list[int]], width: int, max
                "mean_rows": round(counts["row_steps"] / max(counts["steps"], 1), 1),
                "seconds": {k: round(v, 3) for k, v in stats["seconds"].items()},
                "share": {k: round(v / wall, 3) for k, v in stats["seconds"].items()},
-               "counts": counts}
+               "counts": counts, "peak_gb": round(mx.get_peak_memory() / 1e9, 2)}
         rows.append(row)
         print("running", json.dumps(row), flush=True)
     return rows
@@ -286,7 +298,7 @@ def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[
             steps: int, sdpa_reps: int = 20, running_width: int = 768,
             running_prompts: int = 2048, max_new: int = 1024,
             running_seconds: float | None = 15.0, prompts_file: Path | None = PROMPTS,
-            prompt_median: int = 80) -> dict:
+            prompt_median: int = 80, json_path: Path | None = None) -> dict:
     import os
 
     import mlx.core as mx
@@ -332,6 +344,8 @@ def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[
             report[key] = {"error": f"{type(exc).__name__}: {exc}"}
             print(key, "failed:", report[key]["error"], flush=True)
         report["section_s"][key] = round(time.perf_counter() - t, 2)
+        if json_path is not None:  # after every section: a crash later keeps these numbers
+            json_path.write_text(json.dumps(report, indent=1))
     report["summary"] = summary(report)
     report["total_s"] = round(time.perf_counter() - t0, 2)
     return report
@@ -357,6 +371,8 @@ def summary(report: dict) -> dict:
     if isinstance(report.get("model_step"), list) and report["model_step"]:
         r = pick(report["model_step"])
         out["step_ms"] = {k[:-3]: v for k, v in r.items() if k.endswith("_ms")}
+        out["step_peak_gb"] = {k[:-8]: v for k, v in r.items() if k.endswith("_peak_gb")}
+        out["step_cache_gb"] = r.get("cache_gb")
         out["step_shape"] = [r["width"], r["context"]]
     if isinstance(report.get("cache"), list) and report["cache"]:
         r = pick(report["cache"])
@@ -368,6 +384,7 @@ def summary(report: dict) -> dict:
                 for r in report["running"]}
         out["running_tokens_per_s"] = {k: r["tokens_per_s"] for k, r in runs.items()}
         out["running_share"] = {k: r["share"] for k, r in runs.items()}
+        out["running_peak_gb"] = {k: r["peak_gb"] for k, r in runs.items()}
     return out
 
 
@@ -385,17 +402,17 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args()
+    path = Path(a.json) if a.json else None
     if a.quick:
         report = profile(a.model, a.dtype, [2, 3], [8], steps=2, sdpa_reps=2, running_width=4,
                          running_prompts=12, max_new=8, running_seconds=None, prompts_file=None,
-                         prompt_median=12)
+                         prompt_median=12, json_path=path)
     else:
         report = profile(a.model, a.dtype, [int(x) for x in a.widths.split(",")],
                          [int(x) for x in a.contexts.split(",")], a.steps,
-                         running_seconds=a.running_seconds)
-    text = json.dumps(report, indent=1)
-    if a.json:
-        Path(a.json).write_text(text)
+                         running_seconds=a.running_seconds, json_path=path)
+    if path is not None:
+        path.write_text(json.dumps(report, indent=1))
     print(f"total {report['total_s']} s; sections {report['section_s']}", flush=True)
     return 0
 

@@ -424,7 +424,7 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
     assert [r["width"] for r in report["cache"]] == [3]  # the widest batch only
     assert report["cache"][0]["update_read_synced_ms_per_step"] > 0
     assert [(r["attention"], r["in_place"]) for r in report["running"]] == [
-        ("mlx", False), ("mlx", True), ("grouped", True)]
+        ("mlx", True), ("grouped", True), ("mlx", False)]
     for row in report["running"]:
         assert row["answers"] == 10 and row["tokens"] > 0  # every prompt answered
         assert set(row["seconds"]) == {"decode", "sync", "check", "loops", "drop", "fill"}
