@@ -7,10 +7,6 @@ Sections of the report (each answers one hypothesis about the slow decode steps)
               call: MLX's fused kernel without a mask (the floor), with the left-padding mask
               (MLX's CUDA kernels take no array mask: its unfused ops run), engine's
               grouped_sdpa, and the two products of each unfused path alone
-  cache       30 layers of BatchKVCache.update_and_fetch per step: alone, with a fused read of
-              each layer's keys and values (steps queued back to back, or each after the
-              last), and the read alone. A cache copied on every update (no buffer
-              donation: a queued step still reads it) costs its whole size per step
   model_step  whole decode steps: equal rows in a plain cache, a BatchKVCache without
               padding, half the rows padded by L/2 (mlx attention and grouped attention),
               queued back to back and (_synced) each after the last
@@ -19,14 +15,20 @@ Sections of the report (each answers one hypothesis about the slow decode steps)
               the last (in_place), and grouped attention: tokens/s and its seconds by kind
               (decode, sync, check, loops, drop, fill), the drops' and fills' cache work
               evaluated where it happens
+  cache       (last; widest batch, shorter context) update_and_fetch on every layer per
+              step: alone, with a fused read of each layer's keys and values (steps queued
+              back to back, or each after the last), and the read alone. A cache copied on
+              every update (no buffer donation: a queued step still reads it) costs its
+              whole size per step, and peak memory shows the copies in flight
 The JSON names the machine, the versions and the MLX wheels; "summary" puts the deciding
 numbers side by side (per decode step of the widest, longest shape). How to read it:
   attention_ms_per_step fused_boolmask >> fused_nomask: the mask's unfused path is the cost
       (then step_ms masked >> plain too); grouped_mask near fused_nomask: --gen-attention
       grouped fixes it; unfused_values alone large: the broadcast batched product
   cache_ms_per_step update_read well above update_read_synced (by about
-      cache_copy_estimate_ms): steps queued back to back copy the whole cache on every
-      update (no buffer donation); RunningBatch(in_place=True) avoids it
+      cache_copy_estimate_ms), step_peak_gb of queued ways above step_cache_gb: steps queued
+      back to back copy the whole cache on every update (no buffer donation);
+      RunningBatch(in_place=True) avoids it
   running tokens_per_s: mlx (queued back to back, the old loop) vs mlx_in_place vs
       grouped_in_place; share: decode (building + queueing steps) >> sync: Python-bound; loops,
       check, drop or fill large: the GPU waits on that work between chunks of steps
@@ -328,12 +330,13 @@ def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[
     sections = (
         ("sdpa", lambda: each_shape("sdpa", widths, contexts, lambda w, c: sdpa_row(
             heads, kv_heads, head_dim, w, c, sdpa_reps, mx_dtype))),
-        ("cache", lambda: each_shape("cache", widths[-1:], contexts, lambda w, c: cache_row(
-            model, w, c, steps, mx_dtype))),
         ("model_step", lambda: each_shape("model_step", widths, contexts, lambda w, c:
                                           model_step_row(model, w, c, steps, mx_dtype, vocab))),
         ("running", lambda: running_rows(model, set(tokenizer.eos_token_ids), prompts,
                                          running_width, max_new, running_seconds)),
+        # last, at the shorter context only: steps queued back to back may pile up copies
+        ("cache", lambda: each_shape("cache", widths[-1:], contexts[:1], lambda w, c: cache_row(
+            model, w, c, steps, mx_dtype))),
     )
     report["section_s"] = {}
     for key, run in sections:
