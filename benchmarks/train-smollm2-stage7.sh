@@ -9,7 +9,8 @@
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
 #               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}; prompts
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
-#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention
+#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
+#               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
@@ -76,7 +77,7 @@ gen)
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
-      --gen-attention ${GEN_ATTENTION:-mlx} --skip-answered "${answered[@]}" \
+      --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} --skip-answered "${answered[@]}" \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done
   wait

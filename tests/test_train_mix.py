@@ -260,9 +260,10 @@ def test_skip_answered_flag_reaches_the_collector_and_checks_its_files(tmp_path)
 
     args = vars(build_parser().parse_args([
         "--model", "m", "--out", str(tmp_path / "o"), "--gen-attention", "grouped",
+        "--gen-back-to-back",
         "--skip-answered", str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]))
     cfg = TrainConfig(**args)
     assert cfg.skip_answered == [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
-    assert cfg.gen_attention == "grouped"
+    assert cfg.gen_attention == "grouped" and cfg.gen_back_to_back
     with pytest.raises(ConfigError, match="--skip-answered"):
         train(cfg, say=lambda m: None)  # before any model loads

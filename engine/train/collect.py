@@ -62,6 +62,7 @@ class MixConfig:
     max_prompt_len: int = 1536
     loop_keep: int = 16
     attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    in_place: bool = True  # each decode step queued after the last (generate.RunningBatch)
     skip_answered: tuple[str, ...] = ()  # datasets (.npz) whose prompts are not asked again
 
 
@@ -112,7 +113,7 @@ class Collector:
                               cfg.batch, seconds, token_budget=cfg.token_budget,
                               temperature=temperature,
                               loop_keep=cfg.loop_keep if temperature == 0.0 else None,
-                              attention=cfg.attention)
+                              attention=cfg.attention, in_place=cfg.in_place)
 
     def _fresh(self, phase: str, prompts: list[list[int]]) -> list[list[int]]:
         """`prompts` less those an earlier dataset (--skip-answered) already answered."""

@@ -74,6 +74,7 @@ class TrainConfig:
     gen_dtype: str | None = None  # target dtype for data generation (default: --dtype)
     gen_token_budget: int = 1 << 18  # prompt + answer tokens per generation batch
     gen_attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    gen_back_to_back: bool = False  # queue decode steps back to back (the old loop)
     skip_answered: list[str] = field(default_factory=list)  # datasets not to ask again
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
@@ -244,6 +245,7 @@ def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: 
         mix = MixConfig(cfg.prompts_file, cfg.num_prompts, cfg.max_len, cfg.gen_batch,
                         cfg.gen_token_budget, cfg.gen_seconds, cfg.prompt_seed, (index, count),
                         cfg.eval_dir, attention=cfg.gen_attention,
+                        in_place=not cfg.gen_back_to_back,
                         skip_answered=tuple(cfg.skip_answered))
         data, heldout = Collector(model, tokenizer, mix, data_path.parent / "phases",
                                   say).run()
@@ -542,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-attention", default=d.gen_attention, choices=["mlx", "grouped"],
                    help="decode-step attention of data generation: mlx-lm's own, or the "
                         "grouped products of engine.train.generate.grouped_sdpa")
+    p.add_argument("--gen-back-to-back", action="store_true",
+                   help="queue data generation's decode steps back to back (the old loop: "
+                        "each step then copies the KV cache, see generate.RunningBatch)")
     p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
                    help="datasets whose prompts the real-prompt mix does not ask again")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
