@@ -145,6 +145,8 @@ def decode_logits(model: nn.Module, tok: mx.array, cache: list[Any], attention: 
     from ..targets import adapter_for
 
     target = target or adapter_for(model)
+    if any(getattr(layer, "use_sliding", False) for layer in target.layers):
+        raise ValueError("grouped attention: sliding-window layers need their own mask")
     h = target.inner.embed_tokens(tok[:, None])
     mask = create_attention_mask(h, cache[0])
     for layer, c in zip(target.layers, cache):
