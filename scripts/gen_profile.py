@@ -32,8 +32,10 @@ numbers side by side (per decode step of the widest, longest shape). How to read
   running tokens_per_s: mlx (queued back to back, the old loop) vs mlx_in_place vs
       grouped_in_place; share: decode (building + queueing steps) >> sync: Python-bound; loops,
       check, drop or fill large: the GPU waits on that work between chunks of steps
-Estimated on an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480): about 2 minutes,
-most of it the three 15-second end-to-end runs and the 768-row decode steps.
+Estimated on an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480, 6 timed steps): 2
+to 3 minutes at today's ~120 ms per 768-row step (less if the steps are fast): about 60 s of
+decode steps (4 shapes x 7 ways, each filling its cache), 3 x 12 s end to end plus their last
+chunk, and the model load.
 """
 
 from __future__ import annotations
@@ -299,7 +301,7 @@ def wheels() -> dict:
 def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[int],
             steps: int, sdpa_reps: int = 20, running_width: int = 768,
             running_prompts: int = 2048, max_new: int = 1024,
-            running_seconds: float | None = 15.0, prompts_file: Path | None = PROMPTS,
+            running_seconds: float | None = 12.0, prompts_file: Path | None = PROMPTS,
             prompt_median: int = 80, json_path: Path | None = None) -> dict:
     import os
 
@@ -399,8 +401,8 @@ def main() -> int:
     p.add_argument("--contexts", default="480,1480",
                    help="KV positions per row (under a multiple of 256 by more than the timed "
                         "steps add: no reallocation of the cache inside a timing)")
-    p.add_argument("--steps", type=int, default=8, help="timed decode steps per shape")
-    p.add_argument("--running-seconds", type=float, default=15.0,
+    p.add_argument("--steps", type=int, default=6, help="timed decode steps per shape")
+    p.add_argument("--running-seconds", type=float, default=12.0,
                    help="time budget of each end-to-end run")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--json", metavar="PATH")
