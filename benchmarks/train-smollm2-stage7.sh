@@ -7,7 +7,10 @@
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
-#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}
+#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}; prompts
+#               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
+#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
+#               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
@@ -63,6 +66,8 @@ gen)
   cp -r .carry/tok "$gguf.tokenizer"
   python3 scripts/stamp_tokenizer.py "$gguf"  # the tokenizer built here, for this copy
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  answered=(benchmarks/stage5/data-*.npz)  # answered before: training would drop repeats
+  for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
   for r in 0 1; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases
     cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
@@ -72,6 +77,7 @@ gen)
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
+      --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} --skip-answered "${answered[@]}" \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done
   wait
