@@ -206,6 +206,28 @@ def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     assert bad == 2
 
 
+def test_init_with_a_tap_list_grows_the_drafts_taps(pair, tmp_path):
+    """--init DRAFT --taps LIST adds target layers to the draft's taps (grow_taps) and saves
+    the grown draft; a list that drops one of its taps is a one-line error."""
+    target_dir, draft_dir, *_ = pair
+    old = json.loads((draft_dir / "config.json").read_text())["dflash_config"]["target_layer_ids"]
+    layers = json.loads((draft_dir / "config.json").read_text())["num_target_layers"]
+    taps = sorted(set(old) | {next(i for i in range(layers) if i not in old)})
+    data = Dataset([[1, 10 + i, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12)
+    data.save(tmp_path / "data.npz")
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--init", str(draft_dir),
+            "--taps", ",".join(map(str, taps)), "--data", str(tmp_path / "data.npz"),
+            "--steps", "2", "--batch", "2", "--anchors", "2", "--max-len", "8",
+            "--val-size", "2", "--no-progress"]
+    said: list[str] = []
+    train(TrainConfig(**vars(build_parser().parse_args(argv))), say=said.append)
+    assert any("taps grown" in m for m in said)
+    saved = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert saved["dflash_config"]["target_layer_ids"] == taps
+    dropped = ",".join(str(t) for t in taps if t != old[0])
+    assert train_draft_main(argv[:7] + [dropped] + argv[8:]) == 2
+
+
 def test_data_files_of_the_same_name_keep_apart_in_logs():
     from pathlib import Path
 

@@ -13,11 +13,12 @@ import pytest
 from tiny_pairs import make_tiny_pair
 
 from engine.bench.metrics import loop_start
+from engine.errors import ConfigError
 from engine.loading import load_draft_folder, load_target
 from engine.train.collect import Collector, MixConfig
 from engine.train.dataset import Dataset, encode_prompts
 from engine.train.generate import continue_batch, cut_loops, loop_starts
-from engine.train.loop import grow_draft
+from engine.train.loop import grow_draft, grow_taps
 from engine.train.mix import (
     Decontaminator,
     PromptRecord,
@@ -195,6 +196,33 @@ def test_grown_draft_starts_where_the_shallow_one_was(pair):
     assert mx.allclose(outs[0], outs[1], atol=1e-5)
 
 
+def test_grown_taps_start_where_the_draft_was_and_then_read_the_new_layers(pair):
+    _, draft_dir, _, _ = pair
+    draft = load_draft_folder(draft_dir, mx.float32)
+    old = list(draft.args.target_layer_ids)
+    H = draft.args.hidden_size
+    new_layer = next(i for i in range(draft.args.num_target_layers) if i not in old)
+    taps = sorted(old + [new_layer])
+    grown = grow_taps(draft, taps)
+    assert grown.args.target_layer_ids == taps and grown.fc.weight.shape == (H, len(taps) * H)
+    # features in the grown draft's tap order; the old draft reads its own taps only
+    feats = {t: mx.random.normal((1, 7, H)) for t in taps}
+    block = mx.random.normal((1, draft.args.block_size, H))
+
+    def run(d, ids, scale=1.0):
+        cache = d.make_cache()
+        d.append_context(mx.concatenate([feats[t] * (scale if t == new_layer else 1.0)
+                                         for t in ids], axis=-1), cache)
+        return d(block, cache)
+
+    assert mx.allclose(run(draft, old), run(grown, taps), atol=1e-5)
+    # the new columns are trainable: once non-zero, the new layer's features matter
+    grown.fc.weight = grown.fc.weight + 0.1
+    assert not mx.allclose(run(grown, taps), run(grown, taps, scale=3.0), atol=1e-3)
+    with pytest.raises(ConfigError, match="must keep its taps"):
+        grow_taps(draft, [t for t in taps if t != old[0]])
+
+
 def test_a_held_out_prompt_is_never_trained_on_under_another_id():
     """The prompt file holds the same text more than once ("Hey!" opens many chats): a
     record repeating a held-out record's turn is dropped at collection, and a training
@@ -255,7 +283,6 @@ def test_skip_answered_asks_no_prompt_an_earlier_dataset_holds(pair, tmp_path):
 
 
 def test_skip_answered_flag_reaches_the_collector_and_checks_its_files(tmp_path):
-    from engine.errors import ConfigError
     from engine.train.loop import TrainConfig, build_parser, train
 
     args = vars(build_parser().parse_args([

@@ -31,6 +31,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..errors import ConfigError
 from ..targets.base import TargetAdapter
 from .dataset import Dataset, distinct_prompts, encode_prompts, write_token_ranking
 from .generate import generate_dataset
@@ -148,6 +149,26 @@ def grow_draft(draft: DFlashDraft, depth: int) -> DFlashDraft:
     for layer in grown.layers[draft.args.num_hidden_layers:]:
         layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
         layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    return grown
+
+
+def grow_taps(draft: DFlashDraft, taps: Sequence[int]) -> DFlashDraft:
+    """`draft` reading target layers `taps`, which must include its own: the new taps' columns
+    of `fc` start at zero, so it starts predicting exactly what it did and training decides
+    what the extra layers add."""
+    old = list(draft.args.target_layer_ids)
+    missing = [t for t in old if t not in taps]
+    if missing or len(set(taps)) != len(taps):
+        raise ConfigError(f"--taps {','.join(map(str, taps))}: a draft that continues from "
+                          f"--init must keep its taps {old} (add layers, do not drop or "
+                          "repeat any). Fix: list all of them plus the new ones.")
+    grown = DFlashDraft(dataclasses.replace(draft.args, target_layer_ids=list(taps)))
+    grown.update(tree_unflatten([(k, v) for k, v in tree_flatten(draft.parameters())
+                                 if k != "fc.weight"]), strict=False)
+    H, w = draft.args.hidden_size, draft.fc.weight
+    grown.fc.weight = mx.concatenate(
+        [w[:, old.index(t) * H:(old.index(t) + 1) * H] if t in old
+         else mx.zeros((w.shape[0], H), w.dtype) for t in taps], axis=1)
     return grown
 
 
@@ -274,19 +295,13 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     for flag, paths in (("--extra-data", cfg.extra_data), ("--skip-answered", cfg.skip_answered)):
         missing = [e for e in paths if not Path(e).is_file()]
         if missing:  # before minutes of loading and data generation, not after
-            from ..errors import ConfigError
-
             raise ConfigError(f"{flag} {missing[0]}: no such file (a .npz written by "
                               "train-draft, e.g. OUT/resume/data.npz)")
     if not re.fullmatch(r"\d+/[1-9]\d*", cfg.prompt_slice) or (
             int(cfg.prompt_slice.split("/")[0]) >= int(cfg.prompt_slice.split("/")[1])):
-        from ..errors import ConfigError
-
         raise ConfigError(f"--prompt-slice {cfg.prompt_slice}: expected K/N with 0 <= K < N, "
                           "e.g. 0/2")
     if cfg.prompts_file and not Path(cfg.prompts_file).is_file():
-        from ..errors import ConfigError
-
         raise ConfigError(f"--prompts-file {cfg.prompts_file}: no such file (a JSONL(.gz) of "
                           "records with id, prompt, source)")
     t0 = time.perf_counter()
@@ -323,8 +338,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         data = Dataset.load(data_path)
         say(f"data: reusing {data_path} ({len(data)} sequences)")
     elif world > 1:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--data {data_path}: no such file; a data-parallel run trains on "
                           "existing data (collect it first with --collect-only)")
     else:
@@ -366,6 +379,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         if cfg.depth > draft.args.num_hidden_layers:
             say(f"grown from {draft.args.num_hidden_layers} to {cfg.depth} layers")
             draft = grow_draft(draft, cfg.depth)
+        # a tap count keeps the draft's taps; an explicit list may add layers to them
+        if isinstance(cfg.taps, list) and cfg.taps != draft.args.target_layer_ids:
+            say(f"taps grown from {draft.args.target_layer_ids} to {cfg.taps}")
+            draft = grow_taps(draft, cfg.taps)
     else:
         draft = DFlashDraft(draft_args_for(target, cfg, mask_id))
         # Start the output norm at the target's final norm: the draft's hidden states feed
@@ -516,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=d.depth, help="draft layers")
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--taps", type=_taps, default=d.taps,
-                   help="number of tapped target layers, or an explicit list like 1,9,17")
+                   help="number of tapped target layers, or an explicit list like 1,9,17 "
+                        "(with --init: a list that adds layers to the draft's taps)")
     p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: target's)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
