@@ -2,6 +2,9 @@
 
     OUT=/tmp/out timeout 360 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
     python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
+    # host cost per cycle phase, the GPU's weights and dtypes built on a CPU (a minute):
+    nice -n 19 python scripts/gpu_cycle_probe.py --parts host \
+        --precisions checkpoint-gpu,float32 --out benchmarks/host-cost-cpu.json
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
 is recorded, never stops the run) and skipped once --budget seconds are spent:
@@ -15,6 +18,9 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
   cycle    the real pair through DFlashRuntime per precision: per-phase device times
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
+  host     per phase of a cycle (draft, verify, accept, rollback) and for mlx-lm's own step
+           (plain1) and 16-token call (plain16): graph nodes, Python calls, host build time
+           without eval and, on a GPU, the async_eval launch time (host_part).
   children (CUDA, or --child-test) the same again in a child process per --child-envs entry
            (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (the
            engine's default since issue 13: sdpa and the bf16/checkpoint cycles) and
@@ -22,6 +28,7 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
            (MLX's default) unless the environment says otherwise.
 Precisions: float32, bfloat16, float16 (weights dequantized to that dtype), checkpoint (the
 default policy: the GGUF's 4-bit blocks with float16 activations on a GPU, float32 on CPU),
+checkpoint-gpu (the GPU's policy on any device),
 q-bfloat16 (the GGUF's 4-bit blocks with bfloat16 activations; the offline SmolLM2 only).
 """
 
@@ -407,8 +414,32 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                      "build_ms": ms(builds[name]), "by_primitive": dict(nodes.most_common())}
         if launch:
             out[name]["launch_ms"] = ms(launches[name])
+    if launch or target_model_dtype(model) == mx.float32:  # cheap enough to evaluate
+        out["compiled_halves_exact"] = compiled_exact(target, cache, frozen, ids, taps_ids)
     frozen.restore()
     return out
+
+
+def compiled_exact(target: Any, cache: list, frozen: Frozen, ids: mx.array,
+                   taps_ids: list) -> bool | None:
+    """Whether a verify with the compiled layer halves (targets/attention.py) equals the
+    model's own layers bit for bit (on the zero-filled context); None where the adapter has
+    none."""
+    halves = getattr(target, "_halves", None)
+    if halves is None:
+        return None
+    outs = []
+    try:
+        for use in (halves, None):
+            target._halves = use
+            frozen.restore()
+            target.begin_verify(cache)
+            outs.append(target.forward(ids, cache, taps_ids))
+            mx.eval(outs[-1])
+            target.rollback(cache, keep=ids.shape[1], verified=ids.shape[1])
+    finally:
+        target._halves = halves
+    return all(mx.array_equal(a, b).item() for a, b in zip(*outs, strict=True))
 
 
 # -- main -----------------------------------------------------------------------------------
