@@ -5,6 +5,7 @@
     # host cost per cycle phase, the GPU's weights and dtypes built on a CPU (a minute):
     nice -n 19 python scripts/gpu_cycle_probe.py --parts host \
         --precisions checkpoint-gpu,float32 --out benchmarks/host-cost-cpu.json
+    # (benchmarks/host-cost-cpu-before.json: the same at commit 846c07b, 30 iterations)
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
 is recorded, never stops the run) and skipped once --budget seconds are spent:
@@ -331,7 +332,8 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     """Host cost per phase of one cycle (issue #13): graph nodes and host build time (no
     eval) of mlx-lm's own 1-token step (plain1) and 16-token call (plain16), and of the
     cycle's phases as speculative_decode builds them: the draft forward + head, the verify
-    forward with taps, accept/read_commit's graph, rollback + append_context. Phases start
+    forward with taps (and, where the adapter compiles layer halves, the same through the
+    model's own layers), accept/read_commit's graph, rollback + append_context. Phases start
     from one snapshot of a zero-filled context of `ctx` tokens; nodes of accept and rollback
     are those they add to the verify's graph. With `launch`, each build is also
     async_eval'ed (its host launch time) and waited for: only where evaluation is cheap."""
@@ -382,6 +384,17 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
         "accept": lambda prev: accept_step(prev[0]),
         "rollback": lambda prev: rollback_step(prev[1]),
     }
+    halves = getattr(target, "_halves", None)
+    if halves is not None:  # the same verify through the model's own layers: the A/B
+
+        def verify_own_layers(_: list) -> list:
+            target._halves = None
+            try:
+                return verify()
+            finally:
+                target._halves = halves
+
+        phases["verify_own_layers"] = verify_own_layers
     chain = {"accept": "verify", "rollback": "verify"}  # built on the verify's outputs
     out: dict = {"ctx": ctx, "size": size, "accepted": accepted, "iters": iters}
     builds: dict[str, list[float]] = {k: [] for k in phases}
@@ -534,7 +547,7 @@ def main() -> int:
         if "host" in parts:
             launch = {"on": True, "off": False}.get(args.host_launch, backend != "cpu")
             guarded(row, "host", budget, host_part, rt, 32 if args.small else 300,
-                    5 if args.small else 30, launch)
+                    5 if args.small else 100, launch)
         rt = None
         mx.clear_cache()
     if "children" in parts and not args.child and (backend == "cuda" or args.child_test):
