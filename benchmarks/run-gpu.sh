@@ -8,7 +8,9 @@
 #                wholeblock rows: ARGS="--min-confidence off --draft-vocab off" SUFFIX=-wholeblock)
 #   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
 #   PART=sampled the three suites at temperature 0.7
-#   PART=gen-profile decode-step cost of batched answer generation (training data)
+#   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
+#                attention with / without the padding mask, KV cache updates, whole decode
+#                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
 # Each part fits one device call (< 10 minutes).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache DFLASH_EVAL_DATA=.carry/data
@@ -48,8 +50,8 @@ cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known 
   done
   step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
     --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
-gen-profile)  # issue 12: ms per decode step of answer generation, by width, context, padding
-  step 400 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
+gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
+  TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
   for suite in mt-bench humaneval gsm8k; do
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \

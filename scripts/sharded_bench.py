@@ -7,7 +7,8 @@ sharded model) in the same run. Rank 0 writes the JSON.
     python scripts/sharded_bench.py --backend nccl --synthetic qwen3.5-27b \\
         --tokens-per-cycle 4 8 --json benchmarks/synthetic-qwen3.5-27b-sharded2-bf16-h200.json
 
-Every rank seeds the same generator and builds the same lazy model, so the replicated parts
+Every rank seeds the same generator and builds the same lazy model, its values peaked as the
+single-process benchmark's (engine/bench/peaked.py, before sharding), so the replicated parts
 (embeddings, norms, draft) are identical; shard() then keeps this rank's slices and only
 those are evaluated.
 """
@@ -31,6 +32,11 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import generation_stream  # noqa: E402
 
 from engine.bench.environment import environment  # noqa: E402
+from engine.bench.peaked import (  # noqa: E402
+    WEIGHTS,
+    greedy_margins,
+    repeated_ngram_share,
+)
 from engine.bench.synthetic import (  # noqa: E402
     PREFILL_CHUNK,
     _kv,
@@ -38,6 +44,7 @@ from engine.bench.synthetic import (  # noqa: E402
     build_draft,
     draft_args,
     forward_timings,
+    lazy_target,
     load_spec,
     run_dflash,
     target_config,
@@ -49,12 +56,7 @@ from engine.targets import adapter_for  # noqa: E402
 
 def build_sharded_target(name: str, layers: int | None, overrides: dict, dtype: str,
                          group: mx.distributed.Group, seed: int):
-    from mlx_lm.utils import _get_classes
-
-    config = target_config(name, layers, overrides)
-    mx.random.seed(seed)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))  # lazy: nothing is evaluated yet
+    model = lazy_target(name, layers, overrides, seed)  # nothing is evaluated yet
     check_shardable(model, group.size())
     model.shard(group)
     _materialize(model, getattr(mx, dtype))
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     base = run_baseline(model, prompt, args.max_tokens, PREFILL_CHUNK)
     drain()
     agree = ranks_agree(step, base.tokens)
+    margins = greedy_margins(model, prompt, args.max_tokens, PREFILL_CHUNK)
+    drain()
     runs = []
     for tpc in args.tokens_per_cycle:
         flash, cycles, rounds, consistent = oracle_run(target, draft, prompt, list(base.tokens),
@@ -178,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.synthetic} over {step.size} ranks",
             "model": args.synthetic,
             "source_config": load_spec(args.synthetic)["source"],
-            "note": ("random weights at the model's shapes, tensor-parallel with mlx-lm's "
+            "note": ("random weights at the model's shapes, peaked so the greedy "
+                     "continuation is robust to rounding, tensor-parallel with mlx-lm's "
                      "Model.shard(); acceptance is set by the oracle, so speed-ups show the "
                      "machines' cost structure, not a real draft's quality"),
+            "weights": WEIGHTS,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **environment(),
             "backend": backend,
@@ -199,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             "forward": fwd,
             "baseline": base.summary(),
             "baseline_ranks_agree": agree,
+            "greedy_margin_min": min(margins),
+            "repeated_4gram_share": repeated_ngram_share(base.tokens),
             "runs": runs,
             "definitions": {
                 "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
@@ -210,18 +218,26 @@ def main(argv: list[str] | None = None) -> int:
                                         "DFlash's there; near_tie: |gap| below "
                                         f"{NEAR_TIE_GAP} (bf16 rounding), else a bug",
                 "oracle_reference_runs": "oracle runs until its reference was what the "
-                                         "verify itself commits (bf16 near-ties)",
+                                         "verify itself commits; 1 when no verify rounded "
+                                         "a choice differently",
+                "greedy_margin_min": "smallest top-1 minus top-2 logit over the baseline's "
+                                     "tokens (sharded plain decoding replayed, untimed)",
+                "repeated_4gram_share": "share of the baseline's 4-grams that occurred "
+                                        "earlier in it",
             },
         }
         for run in runs:
             print(f"tokens/cycle {run['tokens_per_cycle_target']}: speed-up "
                   f"{run['speedup']:.2f}x e2e, {(run['decode_speedup'] or 0):.2f}x decode, "
                   f"measured tokens/cycle {run['dflash']['tokens_per_cycle']:.2f}, "
-                  f"token_match {run['token_match']}"
+                  f"oracle reference runs {run['oracle_reference_runs']} (self-consistent "
+                  f"{run['oracle_self_consistent']}), token_match {run['token_match']}"
                   + ("" if run["token_match"] else f" (first mismatch {run['first_mismatch']}, "
                      f"logit gap {run['divergence_logit_gap']})"))
         print(f"baseline {base.tokens_per_second:.1f} tok/s; T_ar {fwd['t_ar_s'] * 1e3:.2f} "
-              f"ms, T_verify16 {fwd['t_verify16_s'] * 1e3:.2f} ms; ranks agree {agree}")
+              f"ms, T_verify16 {fwd['t_verify16_s'] * 1e3:.2f} ms; ranks agree {agree}; "
+              f"greedy margin min {min(margins):.2f}, repeated 4-grams "
+              f"{report['repeated_4gram_share']:.1%}")
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(report, indent=2, default=str))

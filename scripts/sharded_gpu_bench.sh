@@ -4,8 +4,9 @@
 #                                               in bf16, oracle drafts at 4 and 8 tokens/cycle
 #                                               (about 3 minutes on 2x H200)
 #   scripts/sharded_gpu_bench.sh cpu [OUT_DIR]  two local CPU processes over MLX's ring backend,
-#                                               a tiny shape of the same model (a smoke test of
-#                                               the script; its timings mean nothing)
+#                                               a tiny shape of the same model in bf16 (a smoke
+#                                               test of the script and of the oracle's
+#                                               self-consistency; its timings mean nothing)
 # OUT_DIR defaults to benchmarks/. Extra arguments after OUT_DIR go to sharded_bench.py.
 # mlx.launch's own nccl mode starts ranks through ssh, so local ranks are started here by hand.
 set -uo pipefail
@@ -31,8 +32,8 @@ cpu)
   hostfile="$log/hosts.json"
   port2=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   echo "[[\"127.0.0.1:$port\"], [\"127.0.0.1:$port2\"]]" > "$hostfile"
-  args=(--backend ring --synthetic qwen3.5-27b --layers 4 --ctx 64 --max-tokens 48
-        --tokens-per-cycle 4 8 --iters 2
+  args=(--backend ring --synthetic qwen3.5-27b --layers 4 --ctx 64 --max-tokens 96
+        --tokens-per-cycle 4 8 --iters 2 --dtype bfloat16
         --override hidden_size=64 --override intermediate_size=128 --override vocab_size=256
         --override linear_num_key_heads=2 --override linear_num_value_heads=4
         --override linear_key_head_dim=32 --override linear_value_head_dim=16

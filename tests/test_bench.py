@@ -164,3 +164,26 @@ def test_packaged_suites_carry_their_licences():
     # ...and an installed copy has them: the package data names the folder.
     pyproject = (PACKAGED_SUITES.parents[3] / "pyproject.toml").read_text()
     assert '"bench/data/suites/*"' in pyproject
+
+
+def _bench_table():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_table.py")
+    spec = importlib.util.spec_from_file_location("bench_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_table_names_near_tie_divergences_and_flags_others():
+    match = _bench_table().match
+    base = {"runs": 10, "divergences": 0, "near_tie_gap_max": None}
+    assert match({**base, "token_match": True}) == "yes"
+    assert match({**base, "token_match": None}) == "n/a (sampled)"
+    ties = {**base, "token_match": False, "divergences": 3, "near_tie_gap_max": 0.03125,
+            "divergences_all_near_ties": True}
+    assert match(ties) == "near-ties only (3 of 10 runs, gap <= 0.031)"
+    assert match({**ties, "divergences_all_near_ties": False}) == "NO"
+    assert match({**base, "token_match": False}) == "NO"  # float32: no near-tie field

@@ -286,8 +286,36 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
     eos = {alone[0][4], alone[3][2]}  # some rows end early, others run to the limit
     want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), len(a))] for a in alone]
     assert len({len(w) for w in want}) > 1
-    got = answer_running(model, prompts, 14, eos, width=3, refill_every=3, prefill_tokens=8)
-    assert got == dict(enumerate(want))
+    for attention, in_place in (("mlx", True), ("mlx", False), ("grouped", True)):
+        stats: dict = {}
+        got = answer_running(model, prompts, 14, eos, width=3, refill_every=3,
+                             prefill_tokens=8, attention=attention, stats=stats,
+                             in_place=in_place)
+        assert got == dict(enumerate(want))
+        assert stats["counts"]["fills"] >= 2 and stats["counts"]["drops"] >= 2
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_grouped_attention_step_equals_the_models_own(tmp_path, family):
+    """decode_logits "grouped" (the H / Hkv queries of a KV head as rows of one product)
+    gives the model's own logits over a left-padded cache, step after step."""
+    from engine.train.generate import decode_logits, last_logits, left_padded, left_padded_cache
+
+    target_dir, _ = make_tiny_pair(tmp_path, family)
+    model, _, _ = load_target(str(target_dir), "float32")
+    tokens, pads = left_padded([[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4]])
+    logits = {}
+    for attention in ("mlx", "grouped"):
+        cache = left_padded_cache(model, pads)
+        tok = mx.argmax(last_logits(model, tokens, cache), axis=-1)
+        logits[attention] = []
+        for _ in range(6):
+            logits[attention].append(decode_logits(model, tok, cache, attention))
+            tok = mx.argmax(logits[attention][-1], axis=-1)
+    for a, b in zip(logits["mlx"], logits["grouped"]):
+        assert mx.allclose(a, b, atol=1e-5).item()
+    with pytest.raises(ValueError):
+        decode_logits(model, tok, cache, "fused")
 
 
 def test_length_batches_bound_width_and_tokens():
@@ -368,7 +396,7 @@ def test_data_parallel_training_keeps_ranks_in_step(pair, tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
-def test_gen_profile_times_every_width_context_and_padding(pair):
+def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
     import importlib.util
     import os
 
@@ -377,8 +405,29 @@ def test_gen_profile_times_every_width_context_and_padding(pair):
     spec = importlib.util.spec_from_file_location("gen_profile", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    report = module.profile(str(target_dir), "float32", [2, 3], [8], steps=2)
-    assert [(r["width"], r["context"]) for r in report["rows"]] == [(2, 8), (3, 8)]
-    for row in report["rows"]:
-        for way in ("plain", "masked", "half_padded"):
+    report = module.profile(str(target_dir), "float32", [2, 3], [8], steps=2, sdpa_reps=2,
+                            running_width=4, running_prompts=10, max_new=6,
+                            running_seconds=None, prompts_file=None, prompt_median=6)
+    assert {"machine", "versions", "wheels", "shape"} <= set(report)
+    assert set(report["summary"]["running_tokens_per_s"]) == {"mlx", "mlx_in_place",
+                                                              "grouped_in_place"}
+    assert report["summary"]["step_shape"] == [3, 8]
+    assert [(r["width"], r["context"]) for r in report["model_step"]] == [(2, 8), (3, 8)]
+    for row in report["model_step"]:
+        for way in ("plain", "masked", "half_padded", "half_padded_grouped", "plain_synced",
+                    "half_padded_synced", "half_padded_grouped_synced"):
             assert row[f"{way}_ms"] > 0 and row[f"{way}_tokens_per_s"] > 0
+    for row in report["sdpa"]:
+        for way in ("fused_nomask", "fused_boolmask", "grouped_mask", "unfused_values",
+                    "grouped_values"):
+            assert row[f"{way}_ms"] > 0
+    assert [r["width"] for r in report["cache"]] == [3]  # the widest batch only
+    assert report["cache"][0]["update_read_synced_ms_per_step"] > 0
+    assert [(r["attention"], r["in_place"]) for r in report["running"]] == [
+        ("mlx", True), ("grouped", True), ("mlx", False)]
+    for row in report["running"]:
+        assert row["answers"] == 10 and row["tokens"] > 0  # every prompt answered
+        assert set(row["seconds"]) == {"decode", "sync", "check", "loops", "drop", "fill"}
+        counts = row["counts"]
+        assert counts["steps"] > 0 and counts["fills"] >= 2 and counts["drops"] >= 2
+        assert counts["row_steps"] >= counts["steps"] and counts["prefill_tokens"] >= 10

@@ -15,7 +15,7 @@ from tiny_pairs import make_tiny_pair
 from engine.bench.metrics import loop_start
 from engine.loading import load_draft_folder, load_target
 from engine.train.collect import Collector, MixConfig
-from engine.train.dataset import encode_prompts
+from engine.train.dataset import Dataset, encode_prompts
 from engine.train.generate import continue_batch, cut_loops, loop_starts
 from engine.train.loop import grow_draft
 from engine.train.mix import (
@@ -105,6 +105,9 @@ def test_vectorised_loop_detection_matches_the_metric():
     got = loop_starts(grid, np.array([len(r) for r in rows])).tolist()
     assert got == [-1 if loop_start(r) is None else loop_start(r) for r in rows]
     assert any(g >= 0 for g in got) and any(g < 0 for g in got)
+    # ids too far apart to pack four into 64 bits take the other n-gram path: same answer
+    wide = np.where(grid >= 0, grid * 100_003, -1)
+    assert loop_starts(wide, np.array([len(r) for r in rows])).tolist() == got
 
 
 def test_loop_cut_keeps_a_few_tokens_of_the_loop():
@@ -211,3 +214,56 @@ def test_a_held_out_prompt_is_never_trained_on_under_another_id():
     (a2, b2), dropped = distinct_prompts([a, b], heldout)
     assert a2.sequences == [[3, 4, 6], [7, 7, 7]] and b2.sequences == [[8, 1]]
     assert dropped == {"duplicate_prompts": 1, "held_out_prompts": 1}
+
+
+def test_skip_answered_asks_no_prompt_an_earlier_dataset_holds(pair, tmp_path):
+    """--skip-answered: the single phase draws only records whose first turn no earlier
+    dataset answered (so it still gets num_prompts fresh ones), templated prompts already
+    answered are left out, and a multi-turn replay reuses a stored answer instead of asking
+    again (its later turns are still new)."""
+    _, _, model, tokenizer = pair
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}: what is {i} plus {i}?",
+             "source": "gsm8k_train"} for i in range(24)]
+    turns = ["Hello there!", "What is 12 times 7?"]
+    rows += [{"id": "m", "prompt": turns[0], "source": "sharegpt", "turns": turns}]
+    cfg = mix_config(tmp_path, rows)
+    records = load_records(cfg.prompts_file)
+    first = Collector(model, tokenizer, cfg, tmp_path / "a", say=lambda m: None)
+    single = first.single(records, None)
+    templated = first.templated(None)
+    # an earlier run answered the multi-turn record's first turn as a single prompt
+    opener = encode_prompts(tokenizer, [[{"role": "user", "content": turns[0]}]])[0]
+    earlier = Dataset.concat([single, templated, Dataset(
+        [opener + continue_batch(model, [opener], cfg.max_new, set(tokenizer.eos_token_ids))[0]],
+        [len(opener)])])
+    earlier.save(tmp_path / "earlier.npz")
+
+    said: list[str] = []
+    again = Collector(model, tokenizer, MixConfig(**{
+        **cfg.__dict__, "skip_answered": (str(tmp_path / "earlier.npz"),)}), tmp_path / "b",
+        say=said.append)
+    asked = {tuple(s[:p]) for s, p in zip(earlier.sequences, earlier.prompt_lens)}
+    fresh = again.single(records, None)
+    assert len(fresh) == len(single) == cfg.num_prompts  # as many, all new
+    assert not asked & {tuple(s[:p]) for s, p in zip(fresh.sequences, fresh.prompt_lens)}
+    assert again.skipped["single"] >= cfg.num_prompts
+    assert len(again.templated(None)) == 0 and again.skipped["templated"] == len(templated)
+    replay = again.multiturn(records, None)
+    assert again.skipped["multiturn"] == 1  # the opener's stored answer, not asked again
+    assert len(replay) == 1 and replay.prompt_lens[0] > len(opener)  # turn 2 only
+    assert replay.sequences[0][:len(earlier.sequences[-1])] == earlier.sequences[-1]
+
+
+def test_skip_answered_flag_reaches_the_collector_and_checks_its_files(tmp_path):
+    from engine.errors import ConfigError
+    from engine.train.loop import TrainConfig, build_parser, train
+
+    args = vars(build_parser().parse_args([
+        "--model", "m", "--out", str(tmp_path / "o"), "--gen-attention", "grouped",
+        "--gen-back-to-back",
+        "--skip-answered", str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]))
+    cfg = TrainConfig(**args)
+    assert cfg.skip_answered == [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    assert cfg.gen_attention == "grouped" and cfg.gen_back_to_back
+    with pytest.raises(ConfigError, match="--skip-answered"):
+        train(cfg, say=lambda m: None)  # before any model loads

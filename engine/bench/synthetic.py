@@ -1,17 +1,19 @@
 """`dflash benchmark --synthetic MODEL`: SYNTHETIC speed benchmark on random-weight targets.
 
-Random weights at a real model's shapes (data/synthetic/*.json), a random draft of
-the published size, and an oracle proposer that agrees with the target's greedy
-continuation at a chosen mean tokens-per-cycle. It measures what the machine does with
-those shapes (T_verify16 / T_ar at a context length, per-phase cycle times, end-to-end
-speed-up against mlx-lm's generate_step on the same model), not acceptance: acceptance is
-an input here. Every output says "synthetic".
+Random weights at a real model's shapes (data/synthetic/*.json), their values peaked
+(peaked.py: the greedy continuation is a large-margin function of the current token, so bf16
+rounding does not flip it), a random draft of the published size, and an oracle proposer
+that agrees with the target's greedy continuation at a chosen mean tokens-per-cycle. It
+measures what the machine does with those shapes (T_verify16 / T_ar at a context length,
+per-phase cycle times, end-to-end speed-up against mlx-lm's generate_step on the same model),
+not acceptance: acceptance is an input here. Every output says "synthetic".
 
 The real draft forward still runs every cycle (its output is discarded) so its cost is
 counted; the oracle needs the target's greedy continuation, so plain decoding runs first,
-then recorded oracle runs until the reference is what the verify itself commits (bf16
-near-ties, see oracle.py). The timed run reads the device once per cycle; the per-phase
-profile comes from a separate run with every phase evaluated on its own.
+then recorded oracle runs until the reference is what the verify itself commits (one run with
+peaked weights; more would mean a verify rounded a choice the other way, see oracle.py). The
+timed run reads the device once per cycle; the per-phase profile comes from a separate run
+with every phase evaluated on its own.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
 from .oracle import Oracle, OracleProposer, consistent_reference
+from .peaked import WEIGHTS, greedy_margins, peak, repeated_ngram_share
 from .timing import NEAR_TIE_GAP, Side, divergence, near_tie, run_baseline, versus
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
@@ -78,15 +81,24 @@ def _materialize(model: nn.Module, dtype: mx.Dtype) -> None:
     mx.eval(model.parameters())
 
 
-def build_target(name: str, layers: int | None = None, overrides: dict | None = None,
-                 dtype: str = "float32", seed: int = 0) -> nn.Module:
-    """A random-weight mlx-lm model with `name`'s shapes."""
+def lazy_target(name: str, layers: int | None = None, overrides: dict | None = None,
+                seed: int = 0, peaked: bool = True) -> nn.Module:
+    """A random-weight mlx-lm model with `name`'s shapes, not yet evaluated (float32);
+    `peaked`: its greedy continuation made robust to rounding (peaked.py)."""
     from mlx_lm.utils import _get_classes
 
     config = target_config(name, layers, overrides)
     mx.random.seed(seed)
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
+    if peaked:
+        peak(model, seed)
+    return model
+
+
+def build_target(name: str, layers: int | None = None, overrides: dict | None = None,
+                 dtype: str = "float32", seed: int = 0, peaked: bool = True) -> nn.Module:
+    model = lazy_target(name, layers, overrides, seed, peaked)
     _materialize(model, getattr(mx, dtype))
     return model
 
@@ -283,15 +295,18 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     cycles.update({k: profiled[k] for k in ("cycle_profile_s", "cycle_profile_per_cycle_ms")})
     fwd = forward_timings(model, target, prompt, iters, block_size)
     found = divergence(model, prompt, base.tokens, flash.tokens, PREFILL_CHUNK)
+    margins = greedy_margins(model, prompt, max_tokens, PREFILL_CHUNK)
     cfg = text_args(model)
     return {
         "synthetic": True,
         "title": f"SYNTHETIC benchmark (random weights, oracle draft): {name}",
         "model": name,
         "source_config": load_spec(name)["source"],
-        "note": ("random weights at the model's shapes; acceptance is set by the oracle "
+        "note": ("random weights at the model's shapes, peaked so the greedy continuation "
+                 "is robust to rounding; acceptance is set by the oracle "
                  "(--tokens-per-cycle), so speed-ups show the machine's cost structure, "
                  "not a real draft's quality"),
+        "weights": WEIGHTS,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **environment(),
         "backend": backend,
@@ -315,6 +330,8 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "near_tie": near_tie(found, dtype) if found else None,
         "oracle_reference_runs": rounds,
         "oracle_self_consistent": reference == flash.tokens,
+        "greedy_margin_min": min(margins),
+        "repeated_4gram_share": repeated_ngram_share(base.tokens),
         "definitions": {
             "t_ar_s": "median 1-token mlx-lm forward after ctx tokens",
             "t_forward16_s": "median 16-token mlx-lm forward after ctx tokens",
@@ -329,7 +346,12 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                           f"gap < {NEAR_TIE_GAP} with bf16/fp16 activations (allowed), else a "
                           "bug",
             "oracle_reference_runs": "speculative runs recorded until the oracle's reference "
-                                     "was what the verify itself commits (oracle.py)",
+                                     "was what the verify itself commits (oracle.py); 1 when "
+                                     "no verify rounded a choice differently",
+            "greedy_margin_min": "smallest top-1 minus top-2 logit over the baseline's "
+                                 "tokens (plain decoding replayed, untimed)",
+            "repeated_4gram_share": "share of the baseline's 4-grams that occurred earlier "
+                                    "in it",
             "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
             "decode_speedup": "tok/s after the first token, DFlash / baseline",
         },
@@ -357,7 +379,8 @@ def summary_lines(r: dict) -> list[str]:
            f"top-1 - top-2 gap {r['divergence']['gap']:.4f}: "
            f"{'near-tie' if r['near_tie'] else 'NOT a near-tie'})"),
         f"  oracle reference: {r['oracle_reference_runs']} recorded run(s), self-consistent "
-        f"{r['oracle_self_consistent']}",
+        f"{r['oracle_self_consistent']}; greedy margin min {r['greedy_margin_min']:.2f}, "
+        f"repeated 4-grams {r['repeated_4gram_share']:.1%}",
     ]
 
 

@@ -26,6 +26,7 @@ from .mix import (
     MAGPIE_STEERS,
     Decontaminator,
     PromptRecord,
+    _normal,
     eval_texts,
     first_turn_messages,
     in_slice,
@@ -60,6 +61,36 @@ class MixConfig:
     max_turns: int = 4
     max_prompt_len: int = 1536
     loop_keep: int = 16
+    attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    in_place: bool = True  # each decode step queued after the last (generate.RunningBatch)
+    skip_answered: tuple[str, ...] = ()  # datasets (.npz) whose prompts are not asked again
+
+
+class Answered:
+    """The prompts earlier datasets hold, so a run spends no GPU time on them again: their
+    token sequences (each with its answer) and the normalised text of single-user-turn
+    prompts (a record's first turn, whatever system prompt or encoding it came with)."""
+
+    def __init__(self, datasets: list[Dataset], tokenizer: Any):
+        self.answers = {tuple(s[:p]): s[p:] for d in datasets
+                        for s, p in zip(d.sequences, d.prompt_lens)}
+        marker = "\x00USER\x00"
+        text = tokenizer.apply_chat_template([{"role": "user", "content": marker}],
+                                             tokenize=False, add_generation_prompt=True)
+        head, tail = text.split(marker)
+        self.texts = set()
+        for prompt in self.answers:
+            full = tokenizer.decode(list(prompt))
+            if (full.startswith(head) and full.endswith(tail)
+                    and full.count(head) == full.count(tail) == 1):
+                self.texts.add(_normal(full[len(head):len(full) - len(tail)]))
+
+    @classmethod
+    def load(cls, paths: tuple[str, ...], tokenizer: Any) -> Answered | None:
+        return cls([Dataset.load(Path(p)) for p in paths], tokenizer) if paths else None
+
+    def has_text(self, text: str) -> bool:
+        return _normal(text) in self.texts
 
 
 class Collector:
@@ -71,6 +102,8 @@ class Collector:
         self.state_dir = state_dir
         self.rng = random.Random(cfg.seed)
         self.eos = set(tokenizer.eos_token_ids)
+        self.answered = Answered.load(tuple(cfg.skip_answered), tokenizer)
+        self.skipped: dict[str, int] = {}  # prompts of each phase left out as answered
 
     # -- helpers -----------------------------------------------------------------------
     def _answer(self, prompts: list[list[int]], seconds: float | None, max_new: int | None = None,
@@ -79,7 +112,19 @@ class Collector:
         return answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
                               cfg.batch, seconds, token_budget=cfg.token_budget,
                               temperature=temperature,
-                              loop_keep=cfg.loop_keep if temperature == 0.0 else None)
+                              loop_keep=cfg.loop_keep if temperature == 0.0 else None,
+                              attention=cfg.attention, in_place=cfg.in_place)
+
+    def _fresh(self, phase: str, prompts: list[list[int]]) -> list[list[int]]:
+        """`prompts` less those an earlier dataset (--skip-answered) already answered."""
+        if self.answered is None:
+            return prompts
+        keep = [p for p in prompts if tuple(p) not in self.answered.answers]
+        self._skip(phase, len(prompts) - len(keep))
+        return keep
+
+    def _skip(self, phase: str, n: int) -> None:
+        self.skipped[phase] = self.skipped.get(phase, 0) + n
 
     def _encode(self, conversations: list[list[dict]]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, conversations)
@@ -100,9 +145,13 @@ class Collector:
         return data
 
     def single(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
+        if self.answered is not None:  # before sampling, so num_prompts fresh ones are drawn
+            fresh = [r for r in records if not self.answered.has_text(r.turns[0])]
+            self._skip("single", len(records) - len(fresh))
+            records = fresh
         picked = sample_by_source(records, self.cfg.num_prompts, self.cfg.seed)
         prompts = self._encode([first_turn_messages(r, self.rng) for r in picked])
-        prompts = [p for p in prompts if self._fits(p)]
+        prompts = self._fresh("single", [p for p in prompts if self._fits(p)])
         return as_dataset(prompts, self._answer(prompts, seconds), {"phase": "single"})
 
     def multiturn(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
@@ -124,13 +173,21 @@ class Collector:
             left = None if seconds is None else seconds - (time.perf_counter() - start)
             if not keep or (left is not None and left <= 0):
                 break
-            answers = self._answer([prompts[k] for k in keep], left)
+            # a turn an earlier dataset answered replays that answer (no GPU, not saved
+            # again); the conversation goes on from it
+            known = {} if self.answered is None else {
+                j: self.answered.answers[tuple(prompts[k])] for j, k in enumerate(keep)
+                if tuple(prompts[k]) in self.answered.answers}
+            self._skip("multiturn", len(known))
+            ask = [j for j in range(len(keep)) if j not in known]
+            fresh = self._answer([prompts[keep[j]] for j in ask], left)
+            answers = {**known, **{ask[i]: a for i, a in fresh.items()}}
             next_chats = {}
             for j, k in enumerate(keep):
                 if j not in answers:
                     continue
                 reply = answers[j]
-                if len(reply) >= 2:
+                if len(reply) >= 2 and j not in known:
                     seqs.append(prompts[k] + reply)
                     plens.append(len(prompts[k]))
                 text = self.tokenizer.decode([t for t in reply if t not in self.eos])
@@ -159,7 +216,7 @@ class Collector:
                 seen.add(text)
                 texts.append(text)
         prompts = self._encode([[{"role": "user", "content": t}] for t in texts])
-        prompts = [p for p in prompts if self._fits(p)]
+        prompts = self._fresh("magpie", [p for p in prompts if self._fits(p)])
         left = None if seconds is None else seconds - (time.perf_counter() - start)
         data = as_dataset(prompts, self._answer(prompts, left), {"phase": "magpie"})
         data.meta["user_turns"] = len(texts)
@@ -169,7 +226,8 @@ class Collector:
         from .prompts import build_prompts
 
         n = max(1, int(self.cfg.num_prompts * self.cfg.templated_share))
-        prompts = self._encode([m for _, m in build_prompts(n, self.cfg.seed)])
+        prompts = self._fresh("templated",
+                              self._encode([m for _, m in build_prompts(n, self.cfg.seed)]))
         return as_dataset(prompts, self._answer(prompts, seconds), {"phase": "templated"})
 
     # -- the run -------------------------------------------------------------------------
@@ -212,6 +270,10 @@ class Collector:
             took = time.perf_counter() - t0
             data.meta.update(seconds=took, slice=f"{index}/{count}", seed=cfg.seed,
                              max_new=cfg.max_new)
+            if self.answered is not None:
+                data.meta["skipped_answered"] = self.skipped.get(phase, 0)
+                self.say(f"{phase}: skipped {self.skipped.get(phase, 0)} prompts already "
+                         f"answered in {', '.join(cfg.skip_answered)}")
             self.state_dir.mkdir(parents=True, exist_ok=True)
             data.save(path)
             parts[phase] = data

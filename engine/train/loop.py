@@ -73,6 +73,9 @@ class TrainConfig:
     collect_only: bool = False  # generate the data, then stop
     gen_dtype: str | None = None  # target dtype for data generation (default: --dtype)
     gen_token_budget: int = 1 << 18  # prompt + answer tokens per generation batch
+    gen_attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    gen_back_to_back: bool = False  # queue decode steps back to back (the old loop)
+    skip_answered: list[str] = field(default_factory=list)  # datasets not to ask again
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
     checkpoint_every: int = 500
@@ -241,7 +244,9 @@ def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: 
         index, count = (int(x) for x in cfg.prompt_slice.split("/"))
         mix = MixConfig(cfg.prompts_file, cfg.num_prompts, cfg.max_len, cfg.gen_batch,
                         cfg.gen_token_budget, cfg.gen_seconds, cfg.prompt_seed, (index, count),
-                        cfg.eval_dir)
+                        cfg.eval_dir, attention=cfg.gen_attention,
+                        in_place=not cfg.gen_back_to_back,
+                        skip_answered=tuple(cfg.skip_answered))
         data, heldout = Collector(model, tokenizer, mix, data_path.parent / "phases",
                                   say).run()
         heldout.save(heldout_path)
@@ -266,12 +271,13 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     from ..loading import load_target
     from ..targets import adapter_for
 
-    missing = [e for e in cfg.extra_data if not Path(e).is_file()]
-    if missing:  # before minutes of loading and data generation, not after
-        from ..errors import ConfigError
+    for flag, paths in (("--extra-data", cfg.extra_data), ("--skip-answered", cfg.skip_answered)):
+        missing = [e for e in paths if not Path(e).is_file()]
+        if missing:  # before minutes of loading and data generation, not after
+            from ..errors import ConfigError
 
-        raise ConfigError(f"--extra-data {missing[0]}: no such file (a .npz written by "
-                          "train-draft, e.g. OUT/resume/data.npz)")
+            raise ConfigError(f"{flag} {missing[0]}: no such file (a .npz written by "
+                              "train-draft, e.g. OUT/resume/data.npz)")
     if not re.fullmatch(r"\d+/[1-9]\d*", cfg.prompt_slice) or (
             int(cfg.prompt_slice.split("/")[0]) >= int(cfg.prompt_slice.split("/")[1])):
         from ..errors import ConfigError
@@ -535,6 +541,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-dtype", help="target dtype for data generation (default: --dtype)")
     p.add_argument("--gen-token-budget", type=int, default=d.gen_token_budget,
                    help="prompt + answer tokens per generation batch (bounds the KV cache)")
+    p.add_argument("--gen-attention", default=d.gen_attention, choices=["mlx", "grouped"],
+                   help="decode-step attention of data generation: mlx-lm's own, or the "
+                        "grouped products of engine.train.generate.grouped_sdpa")
+    p.add_argument("--gen-back-to-back", action="store_true",
+                   help="queue data generation's decode steps back to back (the old loop: "
+                        "each step then copies the KV cache, see generate.RunningBatch)")
+    p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
+                   help="datasets whose prompts the real-prompt mix does not ask again")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
     p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)

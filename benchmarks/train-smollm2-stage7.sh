@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Stage 7 of the SmolLM2-135M-Instruct draft on an nvidia-h200-x2 machine: both GPUs answer
+# fresh real-prompt slices with continuous batching (stage 6's answers were not kept: data
+# is regenerated each session), then the shipped stage-6 draft trains on, data-parallel on
+# both GPUs (NCCL), on stage 5's data (benchmarks/stage5/) plus the new answers.
+# After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
+# [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
+# of the repo, train again when staged), one device call per part, back to back on one machine:
+#   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
+#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}; prompts
+#               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
+#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
+#               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
+#   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
+#               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
+#   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
+#   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
+# Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
+# halves (files come back under 16 MB each); the logs print to stdout.
+# Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache NCCL_NVLS_ENABLE=0
+MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
+gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+INIT=${INIT:-engine/drafts/smollm2-135m-instruct-dflash}
+SEED=${SEED:-8}
+common=(--model "$MODEL" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16
+        --max-len 1024 --no-progress)
+train_args=(--batch ${BATCH:-32} --anchors ${ANCHORS:-96} --steps 100000 --val-every 400
+            --checkpoint-every 400 --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16
+            --heldout benchmarks/stage5/heldout.npz)
+data_args() {  # stage 5's data first (--data: its validation split is the same as before)
+  echo --data benchmarks/stage5/data-5-0.npz
+  # earlier sessions' answers staged as files (e.g. ~/.cache/dflash-chat/train-data/stage6/*.npz)
+  for d in benchmarks/stage5/data-5-1.npz benchmarks/stage5/data-6-*.npz /root/stash/files/gen-*.npz \
+           /root/gen-*/data.npz; do
+    [[ -f $d ]] && echo --extra-data "$d"
+  done
+}
+dp() {  # dp SECONDS LOG ARGS...: one training process per GPU, ranks 0 and 1
+  local s=$1 log=$2; shift 2
+  for r in 0 1; do
+    MLX_RANK=$r MLX_WORLD_SIZE=2 NCCL_HOST_IP=127.0.0.1 NCCL_PORT=${NCCL_PORT:-29517} \
+    CUDA_VISIBLE_DEVICES=$r MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
+      "$@" --distributed nccl --train-seconds "$s" > "$log-$r" 2>&1 &
+  done
+  wait
+  grep -v "^ *$" "$log-0" | tail -n 20; tail -n 5 "$log-1"
+}
+solo() {  # solo SECONDS LOG ARGS...: one training process on GPU 0
+  local s=$1 log=$2; shift 2
+  CUDA_VISIBLE_DEVICES=0 MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
+    "$@" --train-seconds "$s" > "$log" 2>&1
+  grep -v "^ *$" "$log" | tail -n 20
+}
+pack() {  # meta tar + weights in two halves into $OUT
+  tar -C /root/draft -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
+  python3 -c "import mlx.core as mx, sys; w = mx.load('/root/draft/model.safetensors'); \
+k = sorted(w); [mx.save_safetensors(f'{sys.argv[1]}/draft-weights-{i}.safetensors', \
+{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$OUT"
+}
+
+case "${PART:-}" in
+gen)
+  mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
+  cp -r .carry/tok "$gguf.tokenizer"
+  python3 scripts/stamp_tokenizer.py "$gguf"  # the tokenizer built here, for this copy
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  answered=(benchmarks/stage5/data-*.npz)  # answered before: training would drop repeats
+  for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
+  for r in 0 1; do
+    out=/root/gen-$SEED-$r; mkdir -p $out/phases
+    cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
+    width=GEN_BATCH_$r
+    CUDA_VISIBLE_DEVICES=$r timeout $(( ${GEN_S:-420} + 90 )) python3 -m engine.train "${common[@]}" \
+      --out $out --data $out/data.npz --collect-only \
+      --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
+      --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
+      --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
+      --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} --skip-answered "${answered[@]}" \
+      --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
+  done
+  wait
+  tail -n 12 /root/gen-$SEED-*.log; ls -la /root/gen-*/ ;;
+train)
+  dp ${TRAIN_S:-420} /root/train.log "${common[@]}" "${train_args[@]}" $(data_args) \
+    --init "$INIT" --lr ${LR:-3e-4} --out /root/draft --state-dir /root/state
+  pack ;;
+more)
+  rm -rf /root/init && cp -r /root/draft /root/init
+  dp ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
+    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
+  pack ;;
+more1)
+  rm -rf /root/init && cp -r /root/draft /root/init
+  solo ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
+    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
+  pack ;;
+*) echo "PART=gen|train|more|more1" >&2; exit 2 ;;
+esac
+exit 0
