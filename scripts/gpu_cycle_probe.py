@@ -341,6 +341,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
 
     from engine.cycle import accept as accept_fn
     from engine.cycle import commit_row, propose
+    from engine.device import current
     from engine.draft_head import DraftHead
     from engine.runtime import target_model_dtype
     from engine.targets.base import cache_arrays
@@ -384,8 +385,12 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
         "accept": lambda prev: accept_step(prev[0]),
         "rollback": lambda prev: rollback_step(prev[1]),
     }
-    halves = getattr(target, "_halves", None)
-    if halves is not None:  # the same verify through the model's own layers: the A/B
+    # The GPU's verify (compiled layer halves, targets/attention.py) on any device, and the
+    # same verify through the model's own layers: the A/B.
+    halves = None
+    if hasattr(target, "compile_halves") and target.compile_halves(True):
+        halves = target._halves
+    if halves is not None:
 
         def verify_own_layers(_: list) -> list:
             target._halves = None
@@ -429,6 +434,8 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
             out[name]["launch_ms"] = ms(launches[name])
     if launch or target_model_dtype(model) == mx.float32:  # cheap enough to evaluate
         out["compiled_halves_exact"] = compiled_exact(target, cache, frozen, ids, taps_ids)
+    if hasattr(target, "compile_halves"):
+        target.compile_halves(current() != "cpu")  # as the runtime has it
     frozen.restore()
     return out
 

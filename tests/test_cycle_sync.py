@@ -118,11 +118,13 @@ def test_auto_cut_is_cpu_only():
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_compiled_layer_halves_are_exact(tiny_pairs, family):
-    """A verify forward runs each layer's residual + MLP half compiled (fewer host calls per
-    cycle): its logits and taps equal the model's own layers bit for bit."""
+    """On a GPU a verify forward runs each layer's residual + MLP half compiled (fewer host
+    calls per cycle): its logits and taps equal the model's own layers bit for bit, here even
+    with the CPU's norm fallback fused into it."""
     rt = load(tiny_pairs, family)
     target, taps_ids = rt.target, rt.draft.args.target_layer_ids
-    assert target._halves is not None
+    assert target._halves is None  # on a CPU: bound by arithmetic, not by the host
+    assert target.compile_halves(True)
     prompt, ids = mx.array([list(range(3, 40))]), mx.array([[5, 9, 2, 7, 11, 4, 8, 6]])
     outs = []
     for halves in (target._halves, None):

@@ -4,8 +4,12 @@ A verify forward runs the second half of each decoder layer (residual, post-atte
 MLP, residual) as one mx.compile'd function per layer: its shapes are fixed by the verify's
 length, so it is traced once per length and then replayed in C++, sparing the host a third of
 the verify graph's Python build (benchmarks/host-cost-cpu.json). The compiled half computes
-the same primitives in the same order (exact: tests/test_engine.py compares with plain
-greedy decoding). Prefill and sharded targets run the model's own layers.
+the same primitives in the same order: on a GPU the half holds no chain of elementwise ops
+that compiling could fuse (its norm is one kernel; swiglu is compiled by mlx-lm already), so
+logits and taps are the model's own bit for bit (tests/test_cycle_sync.py checks it on CPU,
+gpu_cycle_probe's host part on a GPU). Only where the host is the bottleneck: a CPU is bound
+by its arithmetic, and there a norm falls back to elementwise ops that compiling would fuse.
+Prefill and sharded targets run the model's own layers.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
+from ..device import current
 from .base import TargetAdapter
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
@@ -40,9 +45,16 @@ class AttentionAdapter(TargetAdapter):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        split = all(type(layer) in SPLIT_LAYERS for layer in self.layers)
-        self._halves = [second_half(layer) for layer in self.layers] if split else None
+        self._halves: list[Callable[[mx.array, mx.array], mx.array]] | None = None
         self._verifying = False
+        self.compile_halves(current() != "cpu")
+
+    def compile_halves(self, on: bool) -> bool:
+        """Verify forwards with compiled layer halves (on) or the model's own layers (off);
+        -> whether they are on (never for other decoder layers than SPLIT_LAYERS)."""
+        on = on and all(type(layer) in SPLIT_LAYERS for layer in self.layers)
+        self._halves = [second_half(layer) for layer in self.layers] if on else None
+        return on
 
     def _first_kv_index(self) -> int:
         return 0
