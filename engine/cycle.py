@@ -140,14 +140,18 @@ def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.a
     return mx.sum(mx.cumprod(match)), choice
 
 
+def commit_row(verify_in: mx.array, accepted: mx.array, following: mx.array) -> mx.array:
+    """[a, the drafts, the target's token after the kept ones]: what `read_commit` reads."""
+    return mx.concatenate([accepted.reshape(1).astype(mx.int32),
+                           verify_in[0, 1:].astype(mx.int32),
+                           following.reshape(1).astype(mx.int32)])
+
+
 def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array
                 ) -> tuple[int, list[int]]:
     """The cycle's one host sync: the accepted count a and the committed tokens (the a kept
     drafts, then the target's token after them) come back in one read."""
-    row = mx.concatenate([accepted.reshape(1).astype(mx.int32),
-                          verify_in[0, 1:].astype(mx.int32),
-                          following.reshape(1).astype(mx.int32)])
-    values = row.tolist()
+    values = commit_row(verify_in, accepted, following).tolist()
     a = values[0]
     return a, values[1:1 + a] + [values[-1]]
 

@@ -2,6 +2,10 @@
 
     OUT=/tmp/out timeout 360 python scripts/gpu_cycle_probe.py  # the H200 run: 3-4 minutes
     python scripts/gpu_cycle_probe.py --small --out /tmp/p.json --model DIR --draft DIR  # CPU
+    # host cost per cycle phase, the GPU's weights and dtypes built on a CPU (a minute):
+    nice -n 19 python scripts/gpu_cycle_probe.py --parts host \
+        --precisions checkpoint-gpu,float32 --out benchmarks/host-cost-cpu.json
+    # (benchmarks/host-cost-cpu-before.json: the same at commit 846c07b, 30 iterations)
 
 Writes $OUT/gpu_cycle_probe.json (or --out). Each part is timed and caught on its own (a failure
 is recorded, never stops the run) and skipped once --budget seconds are spent:
@@ -15,6 +19,9 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
   cycle    the real pair through DFlashRuntime per precision: per-phase device times
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
+  host     per phase of a cycle (draft, verify, accept, rollback) and for mlx-lm's own step
+           (plain1) and 16-token call (plain16): graph nodes, Python calls, host build time
+           without eval and, on a GPU, the async_eval launch time (host_part).
   children (CUDA, or --child-test) the same again in a child process per --child-envs entry
            (MLX reads these once, at first use): by default MLX_CUDA_USE_CUDNN_SDPA=0 (the
            engine's default since issue 13: sdpa and the bf16/checkpoint cycles) and
@@ -22,14 +29,19 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
            (MLX's default) unless the environment says otherwise.
 Precisions: float32, bfloat16, float16 (weights dequantized to that dtype), checkpoint (the
 default policy: the GGUF's 4-bit blocks with float16 activations on a GPU, float32 on CPU),
+checkpoint-gpu (the GPU's policy on any device),
 q-bfloat16 (the GGUF's 4-bit blocks with bfloat16 activations; the offline SmolLM2 only).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
+import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,6 +59,7 @@ os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "1")
 
 import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS)
 import mlx.core as mx  # noqa: E402,I001
+from mlx.utils import tree_flatten  # noqa: E402
 
 PROMPTS = ["Write a Python function that checks whether a number is prime, and explain it.",
            "Tom has 3 boxes with 12 apples each. He gives away 7 apples. How many are left?"]
@@ -152,6 +165,8 @@ def load(precision: str, model_id: str | None, draft_id: str | None) -> Any:
         from engine.offline import smollm2_gguf_path
 
         model, tok = load_gguf_target(smollm2_gguf_path(), "bfloat16", quantized=True)
+    elif precision == "checkpoint-gpu":  # a GPU's weights and dtypes on any device
+        model, tok, _ = load_target(model_id, None, backend="cuda")
     else:
         model, tok, _ = load_target(model_id, None if precision == "checkpoint" else precision)
     adapter = adapter_for(model)
@@ -257,6 +272,196 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
     return out
 
 
+# -- host -----------------------------------------------------------------------------------
+def graph_nodes(*outputs: Any) -> collections.Counter:
+    """The primitives (by name) an eval of `outputs` would run: the unevaluated graph, each
+    node once (mx.export_to_dot walks it). CPU graphs hold the fallbacks of mx.fast ops (rope,
+    rms_norm, sdpa: tens of nodes each) where a GPU runs one kernel."""
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    return collections.Counter(re.findall(r'label ="([^"]+)", shape=rectangle', dot.getvalue()))
+
+
+def python_calls(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """-> (fn(), the Python functions it called). MLX's own functions are not counted:
+    nanobind functions raise no profiler events; the graph's nodes count their work."""
+    calls = [0]
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        calls[0] += event == "call"
+
+    sys.setprofile(hook)
+    try:
+        return fn(), calls[0]
+    finally:
+        sys.setprofile(None)
+
+
+class Frozen:
+    """A snapshot of caches that every phase starts from: each restore gives the caches fresh
+    handles on the same evaluated arrays (a KV update writes into its buffer's handle)."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.saved = [(c, dict(vars(c))) for c in caches]
+
+    @staticmethod
+    def fresh(v: Any) -> Any:
+        if isinstance(v, mx.array):
+            return mx.array(v)
+        return [Frozen.fresh(a) for a in v] if isinstance(v, list) else v
+
+    def restore(self) -> None:
+        for c, saved in self.saved:
+            c.__dict__.update({k: self.fresh(v) for k, v in saved.items()})
+
+
+def zero_filled(caches: list[Any]) -> None:
+    """Replace every (lazy) array in the caches by evaluated zeros of its shape: a context
+    without computing it (a quantized fp16 forward takes seconds per token on a CPU)."""
+    def zero(v: Any) -> Any:
+        if isinstance(v, mx.array):
+            return mx.zeros(v.shape, v.dtype)
+        return [zero(a) for a in v] if isinstance(v, list) else v
+
+    for c in caches:
+        c.__dict__.update({k: zero(v) for k, v in vars(c).items()})
+    mx.eval([a for c in caches for _, a in tree_flatten(dict(vars(c))) if isinstance(a, mx.array)])
+
+
+def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) -> dict:
+    """Host cost per phase of one cycle (issue #13): graph nodes and host build time (no
+    eval) of mlx-lm's own 1-token step (plain1) and 16-token call (plain16), and of the
+    cycle's phases as speculative_decode builds them: the draft forward + head, the verify
+    forward with taps (and, where the adapter compiles layer halves, the same through the
+    model's own layers), accept/read_commit's graph, rollback + append_context. Phases start
+    from one snapshot of a zero-filled context of `ctx` tokens; nodes of accept and rollback
+    are those they add to the verify's graph. With `launch`, each build is also
+    async_eval'ed (its host launch time) and waited for: only where evaluation is cheap."""
+    from mlx_lm.generate import generate_step  # noqa: F401  (the step plain1 rebuilds)
+
+    from engine.cycle import accept as accept_fn
+    from engine.cycle import commit_row, propose
+    from engine.device import current
+    from engine.draft_head import DraftHead
+    from engine.runtime import target_model_dtype
+    from engine.targets.base import cache_arrays
+
+    target, draft, model = rt.target, rt.draft, rt.model
+    size, taps_ids = rt.block_size, draft.args.target_layer_ids
+    cache, dcache = target.make_cache(), draft.make_cache()
+    target.forward(mx.array([[5] * ctx]), cache, [])
+    draft.append_context(mx.zeros((1, ctx, target.hidden_size * len(taps_ids)),
+                                  target_model_dtype(model)), dcache)
+    zero_filled(cache + dcache)
+    frozen = Frozen(cache + dcache)
+    ids1, ids = mx.array([[5]]), mx.array([[5 + j for j in range(size)]])
+    head = DraftHead(target)
+    keep = accepted + 1
+
+    def plain1() -> list:  # mlx_lm.generate_step's _step, greedy
+        logits = model(ids1, cache=cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return [mx.argmax(logprobs, axis=-1), logprobs]
+
+    def verify() -> list:
+        target.begin_verify(cache)
+        return list(target.forward(ids, cache, taps_ids))
+
+    def accept_step(logits: mx.array) -> list:
+        a, choice = accept_fn(ids, logits)
+        a, following = target.agree(a, choice[a])
+        return [a, following, commit_row(ids, a, following)]
+
+    def rollback_step(taps: mx.array) -> list:
+        target.rollback(cache, keep=keep, verified=size)
+        draft.append_context(taps[:, :keep], dcache)
+        return cache_arrays(cache, dcache)
+
+    phases: dict[str, Callable[[list], list]] = {
+        "plain1": lambda _: plain1(),
+        "plain16": lambda _: [model(ids, cache=cache)],
+        "draft": lambda _: [propose(target, draft, dcache, 5, size, None, head)],
+        "verify": lambda _: verify(),
+        "accept": lambda prev: accept_step(prev[0]),
+        "rollback": lambda prev: rollback_step(prev[1]),
+    }
+    # The GPU's verify (compiled layer halves, targets/attention.py) on any device, and the
+    # same verify through the model's own layers: the A/B.
+    halves = None
+    if hasattr(target, "compile_halves") and target.compile_halves(True):
+        halves = target._halves
+    if halves is not None:
+
+        def verify_own_layers(_: list) -> list:
+            target._halves = None
+            try:
+                return verify()
+            finally:
+                target._halves = halves
+
+        phases["verify_own_layers"] = verify_own_layers
+    chain = {"accept": "verify", "rollback": "verify"}  # built on the verify's outputs
+    out: dict = {"ctx": ctx, "size": size, "accepted": accepted, "iters": iters}
+    builds: dict[str, list[float]] = {k: [] for k in phases}
+    launches: dict[str, list[float]] = {k: [] for k in phases}
+    gc.disable()
+    try:
+        for _ in range(iters):  # interleaved: a noisy machine slows every phase alike
+            for name, build in phases.items():
+                made = prev = None  # freed here: a graph's teardown is not its build
+                frozen.restore()
+                prev = verify() if name in chain else []
+                if launch:
+                    mx.eval(prev)
+                began = time.perf_counter()
+                made = build(prev)
+                builds[name].append(time.perf_counter() - began)
+                if launch:
+                    began = time.perf_counter()
+                    mx.async_eval(made)
+                    launches[name].append(time.perf_counter() - began)
+                    mx.eval(made)
+    finally:
+        gc.enable()
+    for name, build in phases.items():
+        frozen.restore()
+        prev = verify() if name in chain else []
+        made, calls = python_calls(lambda: build(prev))  # noqa: B023
+        nodes = graph_nodes(*made, *prev) - graph_nodes(*prev)
+        out[name] = {"nodes": sum(nodes.values()), "python_calls": calls,
+                     "build_ms": ms(builds[name]), "by_primitive": dict(nodes.most_common())}
+        if launch:
+            out[name]["launch_ms"] = ms(launches[name])
+    if launch or target_model_dtype(model) == mx.float32:  # cheap enough to evaluate
+        out["compiled_halves_exact"] = compiled_exact(target, cache, frozen, ids, taps_ids)
+    if hasattr(target, "compile_halves"):
+        target.compile_halves(current() != "cpu")  # as the runtime has it
+    frozen.restore()
+    return out
+
+
+def compiled_exact(target: Any, cache: list, frozen: Frozen, ids: mx.array,
+                   taps_ids: list) -> bool | None:
+    """Whether a verify with the compiled layer halves (targets/attention.py) equals the
+    model's own layers bit for bit (on the zero-filled context); None where the adapter has
+    none."""
+    halves = getattr(target, "_halves", None)
+    if halves is None:
+        return None
+    outs = []
+    try:
+        for use in (halves, None):
+            target._halves = use
+            frozen.restore()
+            target.begin_verify(cache)
+            outs.append(target.forward(ids, cache, taps_ids))
+            mx.eval(outs[-1])
+            target.rollback(cache, keep=ids.shape[1], verified=ids.shape[1])
+    finally:
+        target._halves = halves
+    return all(mx.array_equal(a, b).item() for a, b in zip(*outs, strict=True))
+
+
 # -- main -----------------------------------------------------------------------------------
 def child(args: argparse.Namespace, budget: float, setting: str, parts: str,
           precisions: str) -> dict:
@@ -293,6 +498,9 @@ def main() -> int:
                            "MLX_USE_CUDA_GRAPHS=0:cycle:bfloat16",
                    help="ENV=V[,ENV=V]:parts:precisions, ';'-separated")
     p.add_argument("--child-budget", type=float, default=40)
+    p.add_argument("--host-launch", choices=("auto", "on", "off"), default="auto",
+                   help="host part: also time each phase's async_eval and wait for it "
+                        "(auto: on a GPU; a CPU evaluates in async_eval itself)")
     p.add_argument("--small", action="store_true", help="CPU sizes: few iterations, tokens")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-test", action="store_true",
@@ -343,6 +551,10 @@ def main() -> int:
             guarded(row, "forward", budget, forward_part, rt, 32 if args.small else 300, iters)
         if "cycle" in parts:
             guarded(row, "cycle", budget, cycle_part, rt, max_tokens, PROMPTS[:1])
+        if "host" in parts:
+            launch = {"on": True, "off": False}.get(args.host_launch, backend != "cpu")
+            guarded(row, "host", budget, host_part, rt, 32 if args.small else 300,
+                    5 if args.small else 100, launch)
         rt = None
         mx.clear_cache()
     if "children" in parts and not args.child and (backend == "cuda" or args.child_test):

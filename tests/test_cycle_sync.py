@@ -114,3 +114,26 @@ def test_auto_cut_is_cpu_only():
     assert DFlashConfig().min_confidence("cuda") is None
     assert DFlashConfig().min_confidence("metal") is None
     assert DFlashConfig(min_draft_confidence=0.7).min_confidence("cuda") == 0.7
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_compiled_layer_halves_are_exact(tiny_pairs, family):
+    """On a GPU a verify forward runs each layer's residual + MLP half compiled (fewer host
+    calls per cycle): its logits and taps equal the model's own layers bit for bit, here even
+    with the CPU's norm fallback fused into it."""
+    rt = load(tiny_pairs, family)
+    target, taps_ids = rt.target, rt.draft.args.target_layer_ids
+    assert target._halves is None  # on a CPU: bound by arithmetic, not by the host
+    assert target.compile_halves(True)
+    prompt, ids = mx.array([list(range(3, 40))]), mx.array([[5, 9, 2, 7, 11, 4, 8, 6]])
+    outs = []
+    for halves in (target._halves, None):
+        target._halves = halves
+        cache = target.make_cache()
+        target.forward(prompt, cache, [], last_only=True)
+        target.begin_verify(cache)
+        outs.append(target.forward(ids, cache, taps_ids))
+        mx.eval(outs[-1])
+        target.rollback(cache, keep=8, verified=8)
+    (logits, taps), (ref_logits, ref_taps) = outs
+    assert mx.array_equal(logits, ref_logits).item() and mx.array_equal(taps, ref_taps).item()

@@ -33,3 +33,28 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     assert set(cycle["profiled_wholeblock_ms_per_cycle"]) == {"draft", "verify", "rollback"}
     # q-bfloat16 needs the offline GGUF: recorded as an error, the run goes on.
     assert "offline SmolLM2 GGUF" in report["precisions"]["q-bfloat16"]["error"]
+
+
+def test_probe_host_part_counts_each_phase(tiny_pairs, tmp_path):
+    """The host part builds each phase without evaluating it. The adapter's verify forward
+    builds a smaller graph than mlx-lm's own 16-token call (its layer halves are compiled):
+    a change that adds graph work per verify shows here."""
+    for family in ("llama", "qwen3_5"):
+        target, draft = tiny_pairs(family)
+        out = tmp_path / f"host-{family}.json"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cycle_probe.py"), "--small",
+                        "--out", str(out), "--model", str(target), "--draft", str(draft),
+                        "--precisions", "float32", "--parts", "host"],
+                       cwd=ROOT, check=True, capture_output=True, timeout=600)
+        host = json.loads(out.read_text())["precisions"]["float32"]["host"]
+        phases = ("plain1", "plain16", "draft", "verify", "accept", "rollback")
+        assert all(host[p]["build_ms"]["n"] == host["iters"] for p in phases), host
+        assert all(host[p]["nodes"] > 0 and "launch_ms" not in host[p] for p in phases)
+        assert host["accept"]["by_primitive"]["ArgReduce"] == 1  # its own nodes only
+        if family == "llama":  # compiled layer halves: fewer nodes and Python calls
+            assert host["verify"]["nodes"] < host["plain16"]["nodes"]
+            assert host["verify"]["python_calls"] < host["plain16"]["python_calls"]
+            assert host["compiled_halves_exact"] is True
+        else:  # GatedDeltaNet verify forwards record a tape per linear layer
+            assert host["verify"]["nodes"] > host["plain16"]["nodes"]
+            assert host["compiled_halves_exact"] is None
