@@ -15,6 +15,8 @@
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
+#   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
+#               b with the extra taps TAPS_B (grow_taps) -> $OUT/a, $OUT/b
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
 # halves (files come back under 16 MB each); the logs print to stdout.
 # Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
@@ -53,11 +55,13 @@ solo() {  # solo SECONDS LOG ARGS...: one training process on GPU 0
     "$@" --train-seconds "$s" > "$log" 2>&1
   grep -v "^ *$" "$log" | tail -n 20
 }
-pack() {  # meta tar + weights in two halves into $OUT
-  tar -C /root/draft -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
-  python3 -c "import mlx.core as mx, sys; w = mx.load('/root/draft/model.safetensors'); \
+pack() {  # pack [DRAFT_DIR [OUT_DIR]]: meta tar + weights in two halves
+  local dir=${1:-/root/draft} out=${2:-$OUT}
+  mkdir -p "$out"
+  tar -C "$dir" -cf "$out/draft-meta.tar" config.json token_ranking.json train-log.json
+  python3 -c "import mlx.core as mx, sys; w = mx.load(sys.argv[2] + '/model.safetensors'); \
 k = sorted(w); [mx.save_safetensors(f'{sys.argv[1]}/draft-weights-{i}.safetensors', \
-{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$OUT"
+{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$out" "$dir"
 }
 
 case "${PART:-}" in
@@ -96,6 +100,18 @@ more1)
   solo ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
     --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
   pack ;;
-*) echo "PART=gen|train|more|more1" >&2; exit 2 ;;
+ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S seconds each:
+     # a keeps the draft's taps, b adds target layers (TAPS_B, a list holding INIT's taps)
+  for v in a b; do
+    gpu=0; taps=()
+    [[ $v == b ]] && gpu=1 && taps=(--taps "${TAPS_B:-1,5,10,14,18,22,27,29}")
+    CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
+      python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
+      --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \
+      --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
+  done
+  wait
+  for v in a b; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
+*) echo "PART=gen|train|more|more1|ab" >&2; exit 2 ;;
 esac
 exit 0
