@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# Stage 6 of the SmolLM2-135M-Instruct draft on an nvidia-h200-x2 machine: both GPUs answer
-# fresh real-prompt slices with continuous batching, then one draft trains data-parallel on
-# both GPUs (NCCL) on stage 5's data (benchmarks/stage5/) plus the new answers.
+# Stages 6 and later of the SmolLM2-135M-Instruct draft on an nvidia-h200-x2 machine: both GPUs
+# answer fresh real-prompt slices with continuous batching (answers are regenerated each
+# session: big data is not kept), then the shipped draft trains on, data-parallel on both
+# GPUs (NCCL), on stage 5's data (benchmarks/stage5/) plus the new answers.
+#   stage 6: SEED=7 SKIP_ANSWERED=0 GEN_ARGS=--gen-back-to-back PART=gen GEN_S=400
+#            GEN_BATCH_1=384, then PART=train TRAIN_S=400, PART=more MORE_S=420 (stage-5 INIT)
+#   stage 7: SEED=8 PART=gen GEN_S=270, PART=train TRAIN_S=400, PART=more1 MORE_S=250
+#            (the generation loop was then the back-to-back one: GEN_ARGS=--gen-back-to-back)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
-#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}
+#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}; prompts
+#               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
+#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
+#               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
+#   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
+#   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
+#               b with the extra taps TAPS_B (grow_taps) -> $OUT/a, $OUT/b
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
 # halves (files come back under 16 MB each); the logs print to stdout.
 # Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
@@ -18,12 +29,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache NCCL_NVLS_
 MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 INIT=${INIT:-engine/drafts/smollm2-135m-instruct-dflash}
-SEED=${SEED:-7}
+SEED=${SEED:-8}
 common=(--model "$MODEL" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16
         --max-len 1024 --no-progress)
 train_args=(--batch ${BATCH:-32} --anchors ${ANCHORS:-96} --steps 100000 --val-every 400
             --checkpoint-every 400 --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16
-            --heldout benchmarks/stage5/heldout.npz --distributed nccl)
+            --heldout benchmarks/stage5/heldout.npz)
 data_args() {  # stage 5's data first (--data: its validation split is the same as before)
   echo --data benchmarks/stage5/data-5-0.npz
   # earlier sessions' answers staged as files (e.g. ~/.cache/dflash-chat/train-data/stage6/*.npz)
@@ -37,16 +48,24 @@ dp() {  # dp SECONDS LOG ARGS...: one training process per GPU, ranks 0 and 1
   for r in 0 1; do
     MLX_RANK=$r MLX_WORLD_SIZE=2 NCCL_HOST_IP=127.0.0.1 NCCL_PORT=${NCCL_PORT:-29517} \
     CUDA_VISIBLE_DEVICES=$r MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
-      "$@" --train-seconds "$s" > "$log-$r" 2>&1 &
+      "$@" --distributed nccl --train-seconds "$s" > "$log-$r" 2>&1 &
   done
   wait
   grep -v "^ *$" "$log-0" | tail -n 20; tail -n 5 "$log-1"
 }
-pack() {  # meta tar + weights in two halves into $OUT
-  tar -C /root/draft -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
-  python3 -c "import mlx.core as mx, sys; w = mx.load('/root/draft/model.safetensors'); \
+solo() {  # solo SECONDS LOG ARGS...: one training process on GPU 0
+  local s=$1 log=$2; shift 2
+  CUDA_VISIBLE_DEVICES=0 MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
+    "$@" --train-seconds "$s" > "$log" 2>&1
+  grep -v "^ *$" "$log" | tail -n 20
+}
+pack() {  # pack [DRAFT_DIR [OUT_DIR]]: meta tar + weights in two halves
+  local dir=${1:-/root/draft} out=${2:-$OUT}
+  mkdir -p "$out"
+  tar -C "$dir" -cf "$out/draft-meta.tar" config.json token_ranking.json train-log.json
+  python3 -c "import mlx.core as mx, sys; w = mx.load(sys.argv[2] + '/model.safetensors'); \
 k = sorted(w); [mx.save_safetensors(f'{sys.argv[1]}/draft-weights-{i}.safetensors', \
-{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$OUT"
+{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$out" "$dir"
 }
 
 case "${PART:-}" in
@@ -55,6 +74,11 @@ gen)
   cp -r .carry/tok "$gguf.tokenizer"
   python3 scripts/stamp_tokenizer.py "$gguf"  # the tokenizer built here, for this copy
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  answered=()  # answered before: training would drop repeats
+  if [[ ${SKIP_ANSWERED:-1} == 1 ]]; then
+    answered=(--skip-answered benchmarks/stage5/data-*.npz)
+    for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
+  fi
   for r in 0 1; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases
     cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
@@ -64,6 +88,7 @@ gen)
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
+      --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} "${answered[@]}" \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done
   wait
@@ -77,6 +102,23 @@ more)
   dp ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
     --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
   pack ;;
-*) echo "PART=gen|train|more" >&2; exit 2 ;;
+more1)
+  rm -rf /root/init && cp -r /root/draft /root/init
+  solo ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
+    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
+  pack ;;
+ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S seconds each:
+     # a keeps the draft's taps, b adds target layers (TAPS_B, a list holding INIT's taps)
+  for v in a b; do
+    gpu=0; taps=()
+    [[ $v == b ]] && gpu=1 && taps=(--taps "${TAPS_B:-1,5,10,14,18,22,27,29}")
+    CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
+      python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
+      --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \
+      --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
+  done
+  wait
+  for v in a b; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
+*) echo "PART=gen|train|more|more1|ab" >&2; exit 2 ;;
 esac
 exit 0
