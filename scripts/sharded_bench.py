@@ -32,11 +32,8 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import generation_stream  # noqa: E402
 
 from engine.bench.environment import environment  # noqa: E402
-from engine.bench.peaked import (  # noqa: E402
-    WEIGHTS,
-    greedy_margins,
-    repeated_ngram_share,
-)
+from engine.bench.metrics import repeated_ngram_share  # noqa: E402
+from engine.bench.peaked import WEIGHTS, greedy_margins  # noqa: E402
 from engine.bench.synthetic import (  # noqa: E402
     PREFILL_CHUNK,
     _kv,

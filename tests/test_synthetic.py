@@ -10,14 +10,9 @@ import numpy as np
 import pytest
 
 from engine.bench import synthetic
+from engine.bench.metrics import repeated_ngram_share
 from engine.bench.oracle import Oracle, consistent_reference
-from engine.bench.peaked import (
-    greedy_margins,
-    repeated_ngram_share,
-    step_matrix,
-    successor,
-    token_code,
-)
+from engine.bench.peaked import greedy_margins, step_matrix, successor, token_code
 from engine.bench.synthetic import MODELS, build_target, load_spec, synthetic_main, target_config
 from engine.bench.timing import NEAR_TIE_GAP, run_baseline
 

@@ -158,9 +158,3 @@ def greedy_margins(model: nn.Module, ids: list[int], n: int, prefill_step: int) 
         a, b = mx.topk(logprobs.astype(mx.float32), 2).tolist()  # the top two, any order
         out.append(abs(a - b))
     return out
-
-
-def repeated_ngram_share(tokens: list[int], n: int = 4) -> float:
-    """The share of the n-grams in `tokens` that occurred earlier in it."""
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else 0.0

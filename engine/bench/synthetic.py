@@ -37,8 +37,9 @@ from ..cycle import speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
+from .metrics import repeated_ngram_share
 from .oracle import Oracle, OracleProposer, consistent_reference
-from .peaked import WEIGHTS, greedy_margins, peak, repeated_ngram_share
+from .peaked import WEIGHTS, greedy_margins, peak
 from .timing import NEAR_TIE_GAP, Side, divergence, near_tie, run_baseline, versus
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "synthetic"
