@@ -2,9 +2,9 @@
 
 A verify forward runs the second half of each decoder layer (residual, post-attention norm,
 MLP, residual) as one mx.compile'd function per layer: its shapes are fixed by the verify's
-length, so it is traced once per length and then replayed in C++: a third fewer Python calls
-per verify build, a tenth less host time (SmolLM2, benchmarks/host-cost-cpu.json; the
-GPU's share is for gpu_cycle_probe's host part to measure). The compiled half computes
+length, so it is traced once per length and then replayed in C++: fewer Python calls and
+less host time per verify build (benchmarks/host-cost-cpu.json; gpu_cycle_probe's host part
+measures the GPU's share). The compiled half computes
 the same primitives in the same order: on a GPU the half holds no chain of elementwise ops
 that compiling could fuse (its norm is one kernel; swiglu is compiled by mlx-lm already), so
 logits and taps are the model's own bit for bit (tests/test_cycle_sync.py checks it on CPU,

@@ -26,7 +26,6 @@ from .mix import (
     MAGPIE_STEERS,
     Decontaminator,
     PromptRecord,
-    _normal,
     eval_texts,
     first_turn_messages,
     in_slice,
@@ -34,6 +33,7 @@ from .mix import (
     is_held_out,
     load_records,
     magpie_prefix,
+    normal_text,
     sample_by_source,
     usable,
 )
@@ -83,14 +83,14 @@ class Answered:
             full = tokenizer.decode(list(prompt))
             if (full.startswith(head) and full.endswith(tail)
                     and full.count(head) == full.count(tail) == 1):
-                self.texts.add(_normal(full[len(head):len(full) - len(tail)]))
+                self.texts.add(normal_text(full[len(head):len(full) - len(tail)]))
 
     @classmethod
     def load(cls, paths: tuple[str, ...], tokenizer: Any) -> Answered | None:
         return cls([Dataset.load(Path(p)) for p in paths], tokenizer) if paths else None
 
     def has_text(self, text: str) -> bool:
-        return _normal(text) in self.texts
+        return normal_text(text) in self.texts
 
 
 class Collector:

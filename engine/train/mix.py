@@ -84,7 +84,7 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def _normal(text: str) -> str:
+def normal_text(text: str) -> str:
     """The text as compared for an exact match: its words, lower case, single-spaced."""
     return " ".join(_words(text))
 
@@ -106,12 +106,12 @@ class Decontaminator:
     def from_texts(cls, texts: Iterable[str]) -> Decontaminator:
         exact, grams = set(), set()
         for t in texts:
-            exact.add(_normal(t))
+            exact.add(normal_text(t))
             grams |= _ngrams(t)
         return cls(exact, grams)
 
     def clean(self, text: str) -> bool:
-        return _normal(text) not in self.exact and not (_ngrams(text) & self.grams)
+        return normal_text(text) not in self.exact and not (_ngrams(text) & self.grams)
 
 
 def eval_texts(data_dir: Path | str) -> list[str]:
@@ -139,9 +139,9 @@ def usable(records: Sequence[PromptRecord], decon: Decontaminator | None) -> lis
     """Drop held-out and contaminated records, and records that repeat a held-out record's
     turn under another id (the prompt file holds the same greeting or question more than
     once): a held-out prompt must never be trained on, whatever its id."""
-    held = {_normal(t) for r in records if is_held_out(r.id) for t in r.turns}
+    held = {normal_text(t) for r in records if is_held_out(r.id) for t in r.turns}
     return [r for r in records if not is_held_out(r.id) and is_clean(r, decon)
-            and not any(_normal(t) in held for t in r.turns)]
+            and not any(normal_text(t) in held for t in r.turns)]
 
 
 def sample_by_source(records: Sequence[PromptRecord], n: int, seed: int,
