@@ -10,7 +10,8 @@ that compiling could fuse (its norm is one kernel; swiglu is compiled by mlx-lm 
 logits and taps are the model's own bit for bit (tests/test_cycle_sync.py checks it on CPU,
 gpu_cycle_probe's host part on a GPU). Only where the host is the bottleneck: a CPU is bound
 by its arithmetic, and there a norm falls back to elementwise ops that compiling would fuse.
-Prefill and sharded targets run the model's own layers.
+Prefill and sharded targets run the model's own layers, except that on a CPU a layer's
+attention may run through cpu_attention.py (the same code and bits, a faster softmax).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
 from .base import TargetAdapter
+from .cpu_attention import attention_call
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -49,6 +51,8 @@ class AttentionAdapter(TargetAdapter):
         self._halves: list[Callable[[mx.array, mx.array], mx.array]] | None = None
         self._verifying = False
         self.compile_halves(current() != "cpu")
+        self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
+                        for layer in self.layers]
 
     def compile_halves(self, on: bool) -> bool:
         """Verify forwards with compiled layer halves (on) or the model's own layers (off);
@@ -64,10 +68,21 @@ class AttentionAdapter(TargetAdapter):
         return {"attention": create_attention_mask(h, cache[0])}
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
-        if not self._verifying or self._halves is None or self.lockstep is not None:
+        if self.lockstep is not None:
             return layer(h, masks["attention"], cache=cache)
-        r = layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
-        return self._halves[index](h, r)
+        attend = self._attend[index]
+        half = self._halves[index] if self._verifying and self._halves is not None else None
+        if attend is None and half is None:
+            return layer(h, masks["attention"], cache=cache)
+        x = layer.input_layernorm(h)
+        if attend is None:
+            r = layer.self_attn(x, masks["attention"], cache)
+        else:
+            r = attend(layer.self_attn, x, masks["attention"], cache)
+        if half is not None:
+            return half(h, r)
+        h = h + r
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def begin_verify(self, cache: list[Any]) -> None:
         """Nothing to record (a KV cache rolls back by trimming): the next forward is a

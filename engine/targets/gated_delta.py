@@ -21,6 +21,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..kernels import GatedDeltaKernels, Tape, select
 from .base import TargetAdapter, cache_arrays
+from .cpu_attention import attention_call
 
 
 @dataclass
@@ -53,6 +54,9 @@ class GatedDeltaAdapter(TargetAdapter):
         self._kv_index = next(i for i, layer in enumerate(self.layers) if not layer.is_linear)
         self._ssm_index = next(i for i, layer in enumerate(self.layers) if layer.is_linear)
         self._records: dict[int, _LinearRecord] | None = None
+        # On a CPU, full-attention layers through cpu_attention.py (same bits, faster softmax).
+        self._attend = [None if layer.is_linear else attention_call(layer.self_attn)
+                        for layer in self.layers]
 
     @classmethod
     def build(cls, model: nn.Module, enable_tape_replay: bool = True,
@@ -70,7 +74,11 @@ class GatedDeltaAdapter(TargetAdapter):
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
         if not layer.is_linear:
-            return layer(h, masks["attention"], cache=cache)
+            attend = self._attend[index] if self.lockstep is None else None
+            if attend is None:
+                return layer(h, masks["attention"], cache=cache)
+            h = h + attend(layer.self_attn, layer.input_layernorm(h), masks["attention"], cache)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
         if self._records is None:
             return layer(h, masks["ssm"], cache=cache)
         # DecoderLayer.__call__ with the linear mixer swapped for the recording one.

@@ -1,0 +1,89 @@
+"""Target attention on a CPU with the exact vectorized softmax (engine/kernels/cpu_softmax.c).
+
+On a CPU `mx.fast.scaled_dot_product_attention` is its fallback in mlx/fast.cpp: scaled q @
+k.T (GQA by unflattening q's heads), a causal `where`, `softmax(precise=True)`, @ v, and that
+softmax is most of its time over a long history. `sdpa` runs the same ops, evaluates the
+scores (one sync per layer, microseconds on a CPU), runs the kernel on them in place and goes
+on with the same matmul: the output is MLX's bit for bit (tests/test_cpu_softmax.py).
+
+The engine calls it only from its own layer forwards: `attention_call(module)` is the
+module's own mlx-lm `__call__` code, rebound to globals where `scaled_dot_product_attention`
+is ours; mlx-lm's modules and functions stay untouched for everyone else in the process.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import base, llama, qwen2, qwen3, qwen3_next
+
+from ..device import current
+from ..kernels import cpu_softmax
+
+# Attention modules whose __call__ reaches attention through their module's global
+# scaled_dot_product_attention (qwen3_5's full-attention layers are Qwen3NextAttention).
+MODULES = (llama.Attention, qwen2.Attention, qwen3.Attention, qwen3_next.Qwen3NextAttention)
+# Scores per forward (query rows x keys, all heads) from which the kernel pays for its sync
+# (`auto`); `on` uses it on every eligible call (tests).
+MIN_SCORES = 1 << 16
+
+
+def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
+    """mlx/fast.cpp's fallback op for op (mask None or "causal"), its softmax in place."""
+    n_q, L = q.shape[1], q.shape[2]
+    n_kv = k.shape[1]
+    q = mx.array(scale, dtype=q.dtype) * q
+    if n_q > n_kv:
+        q = mx.unflatten(q, 1, (n_kv, n_q // n_kv))
+        k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
+    scores = q @ mx.swapaxes(k, -1, -2)
+    if mask == "causal":
+        kL = k.shape[-2]
+        allowed = mx.arange(kL - L, kL)[:, None] >= mx.arange(0, kL)[None]
+        scores = mx.where(allowed, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+    mx.eval(scores)
+    if not cpu_softmax.softmax_(scores):
+        scores = mx.softmax(scores, axis=-1, precise=True)
+    out = scores @ v
+    return mx.flatten(out, 1, 2) if n_q > n_kv else out
+
+
+def eligible(q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, sinks: Any) -> bool:
+    causal = isinstance(mask, str) and mask == "causal"
+    if sinks is not None or hasattr(cache, "bits") or not (mask is None or causal):
+        return False
+    if q.dtype != mx.float32 or k.dtype != mx.float32 or v.dtype != mx.float32:
+        return False
+    if k.shape[-2] < q.shape[-2] or current() != "cpu":
+        return False
+    big = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[-2] >= MIN_SCORES
+    return (big or cpu_softmax.mode() == "on") and cpu_softmax.library() is not None
+
+
+def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """mlx_lm.models.base.scaled_dot_product_attention, through `sdpa` where eligible."""
+    if eligible(queries, keys, values, mask, cache, sinks):
+        return sdpa(queries, keys, values, scale, mask if isinstance(mask, str) else None)
+    return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale,
+                                             mask=mask, sinks=sinks)
+
+
+_calls: dict[type, Callable[..., mx.array]] = {}
+
+
+def attention_call(module: nn.Module) -> Callable[..., mx.array] | None:
+    """(module, x, mask, cache) -> its output: the class's own __call__ with our
+    scaled_dot_product_attention. None for other modules, off the CPU, or when turned off."""
+    cls = type(module)
+    if cls not in MODULES or current() != "cpu" or cpu_softmax.mode() == "off":
+        return None
+    if cls not in _calls:
+        fn = cls.__call__
+        scope = {**fn.__globals__, "scaled_dot_product_attention": scaled_dot_product_attention}
+        _calls[cls] = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                                         fn.__closure__)
+    return _calls[cls]
