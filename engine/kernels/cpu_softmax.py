@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class SoftmaxStatus:
 
 _status: SoftmaxStatus | None = None
 _lib: ctypes.CDLL | None = None
+_once = threading.Lock()  # a server thread and the main thread may both ask first
 
 
 def mode() -> str:
@@ -62,12 +64,13 @@ def status() -> SoftmaxStatus:
 def library() -> ctypes.CDLL | None:
     """The checked kernel, once per process; None where it cannot be used."""
     global _status, _lib
-    if _status is None:
-        try:
-            _lib = _load()
-            _status = SoftmaxStatus(str(_lib._name), "")
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            _lib, _status = None, SoftmaxStatus(None, str(exc) or type(exc).__name__)
+    with _once:
+        if _status is None:
+            try:
+                _lib = _load()
+                _status = SoftmaxStatus(str(_lib._name), "")
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                _lib, _status = None, SoftmaxStatus(None, str(exc) or type(exc).__name__)
     return _lib
 
 
@@ -126,7 +129,7 @@ def softmax_(x: mx.array) -> bool:
         return False
     buf = np.asarray(view)
     n = x.shape[-1]
-    threads = max(1, min(os.cpu_count() or 1, x.size // PER_THREAD))
+    threads = max(1, min(len(os.sched_getaffinity(0)), x.size // PER_THREAD))
     lib.dflash_softmax(buf.ctypes.data, buf.ctypes.data, x.size // n, n, threads)
     return True
 

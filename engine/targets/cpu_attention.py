@@ -29,7 +29,7 @@ from ..kernels import cpu_softmax
 MODULES = (llama.Attention, qwen2.Attention, qwen3.Attention, qwen3_next.Qwen3NextAttention)
 # Scores per forward (query rows x keys, all heads) from which the kernel pays for its sync
 # (`auto`); `on` uses it on every eligible call (tests).
-MIN_SCORES = 1 << 16
+MIN_SCORES = 1 << 14
 
 
 def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
