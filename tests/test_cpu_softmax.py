@@ -62,8 +62,24 @@ def test_kernel_equals_mlx_softmax(kernel, n):
         assert same_bits(np.array(a), want), shape
         for threads in (1, 2, 3, 7):  # any split of the rows gives the same bits
             out = np.empty_like(x)
-            kernel.dflash_softmax(x.ctypes.data, out.ctypes.data, x.size // n, n, threads)
+            kernel.dflash_softmax(x.ctypes.data, out.ctypes.data, x.size // n, n, 0, 0, threads)
             assert same_bits(out, want), (shape, threads)
+
+
+@pytest.mark.parametrize("L,history", [(1, 0), (1, 9), (5, 0), (7, 30), (16, 113), (33, 4)])
+def test_kernel_with_the_causal_mask_equals_where_then_softmax(kernel, L, history):
+    """The kernel's own causal mask gives MLX's fallback's values: where(q >= k, s, min)."""
+    rng = np.random.default_rng(L * 1000 + history)
+    S = L + history
+    x = rows(rng, (2, 3, L, S))
+    x[0, 0] = -np.inf  # all visible keys masked: the finfo.min entries decide the row
+    allowed = mx.arange(history, S)[:, None] >= mx.arange(0, S)[None]
+    masked = mx.where(allowed, mx.array(x), mx.array(np.finfo(np.float32).min, mx.float32))
+    want = np.array(mx.softmax(masked, axis=-1, precise=True))
+    a = mx.array(x)
+    mx.eval(a)
+    assert cpu_softmax.softmax_(a, causal_offset=history)
+    assert same_bits(np.array(a), want)
 
 
 def test_kernel_propagates_nan_and_leaves_other_arrays_alone(kernel):
@@ -121,7 +137,8 @@ def test_engine_with_the_kernel_forced_on_equals_mlx_lm_greedy(tiny_pairs, kerne
     monkeypatch.setenv(cpu_softmax.ENV, "on")
     calls = []
     original = cpu_softmax.softmax_
-    monkeypatch.setattr(cpu_softmax, "softmax_", lambda x: calls.append(x.shape) or original(x))
+    monkeypatch.setattr(cpu_softmax, "softmax_",
+                        lambda x, *a: calls.append(x.shape) or original(x, *a))
     target, draft = tiny_pairs(family)
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
         dtype="float32", min_draft_confidence=None, prefill_chunk=100))

@@ -12,6 +12,7 @@
  * engine/kernels/softmax.py builds and loads it; tests/test_cpu_softmax.py checks it.
  */
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -86,13 +87,26 @@ AVX static void row_scale(float *y, int64_t n, float s) {
   for (; j < n; j++) y[j] = y[j] * s;
 }
 
-/* Rows [r0, r1) of x (rows of n floats) into y. */
-AVX static void rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t n) {
+/* Rows [r0, r1) of x (rows of n floats) into y. With qlen > 0 the rows are causal attention
+ * scores (query row r % qlen at position offset + r % qlen): first y = where(key <= query,
+ * x, -FLT_MAX), MLX's fallback's mask, written as those same values, then the softmax of y. */
+AVX static void rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t n, int64_t qlen,
+                     int64_t offset) {
   for (int64_t r = r0; r < r1; r += GROUP) {
     int g = (int)(r1 - r < GROUP ? r1 - r : GROUP);
     float sum[GROUP] = {0};
-    for (int k = 0; k < g; k++)
-      row_exp(x + (r + k) * n, y + (r + k) * n, n, row_max(x + (r + k) * n, n));
+    for (int k = 0; k < g; k++) {
+      const float *in = x + (r + k) * n;
+      float *out = y + (r + k) * n;
+      if (qlen > 0) {
+        int64_t keep = offset + (r + k) % qlen + 1;
+        keep = keep < 0 ? 0 : keep > n ? n : keep;
+        if (in != out) memcpy(out, in, (size_t)keep * sizeof(float));
+        for (int64_t j = keep; j < n; j++) out[j] = -FLT_MAX;
+        in = out;
+      }
+      row_exp(in, out, n, row_max(in, n));
+    }
     const float *e = y + r * n;
     if (g == GROUP) {
       for (int64_t j = 0; j < n; j++)
@@ -108,12 +122,12 @@ AVX static void rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t n
 struct job {
   const float *x;
   float *y;
-  int64_t r0, r1, n;
+  int64_t r0, r1, n, qlen, offset;
 };
 
 static void *run(void *arg) {
   struct job *j = arg;
-  rows(j->x, j->y, j->r0, j->r1, j->n);
+  rows(j->x, j->y, j->r0, j->r1, j->n, j->qlen, j->offset);
   return NULL;
 }
 
@@ -123,9 +137,11 @@ int dflash_softmax_supported(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* Softmax of `nrows` rows of `n` floats from x into y (x == y is fine) on up to `threads`
- * threads (contiguous blocks of whole row groups). -> the number of threads used. */
-int dflash_softmax(const float *x, float *y, int64_t nrows, int64_t n, int threads) {
+/* Softmax of `nrows` rows of `n` floats from x into y (x == y is fine), causally masked when
+ * qlen > 0 (see rows), on up to `threads` threads (contiguous blocks of whole row groups).
+ * -> the number of threads used. */
+int dflash_softmax(const float *x, float *y, int64_t nrows, int64_t n, int64_t qlen,
+                   int64_t offset, int threads) {
   enum { MAX_THREADS = 16 };
   int64_t groups = (nrows + GROUP - 1) / GROUP;
   if (threads > MAX_THREADS) threads = MAX_THREADS;
@@ -136,7 +152,7 @@ int dflash_softmax(const float *x, float *y, int64_t nrows, int64_t n, int threa
   int started = 0;
   for (int t = 0; t < threads; t++) {
     int64_t r0 = groups * t / threads * GROUP, r1 = groups * (t + 1) / threads * GROUP;
-    jobs[t] = (struct job){x, y, r0, r1 < nrows ? r1 : nrows, n};
+    jobs[t] = (struct job){x, y, r0, r1 < nrows ? r1 : nrows, n, qlen, offset};
   }
   for (int t = 1; t < threads; t++)
     if (pthread_create(&ids[t], NULL, run, &jobs[t]) == 0) started = t;

@@ -82,7 +82,7 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     lib.dflash_softmax.restype = ctypes.c_int
     lib.dflash_softmax.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_int64, ctypes.c_int]
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
     if not lib.dflash_softmax_supported():
         raise RuntimeError("this CPU lacks AVX2 or FMA")
     if not _agrees(lib):
@@ -117,10 +117,12 @@ def build(folder: Path | None = None) -> Path:
     return dest
 
 
-def softmax_(x: mx.array) -> bool:
+def softmax_(x: mx.array, causal_offset: int | None = None) -> bool:
     """Softmax over the last axis of an evaluated, row-contiguous float32 `x`, written into
-    x's own buffer: only for an array nothing else holds. -> False (x untouched) where the
-    kernel is unavailable or x is not such an array."""
+    x's own buffer: only for an array nothing else holds. With `causal_offset`, x holds
+    attention scores [..., L, keys] of queries at positions causal_offset + i, and each
+    row's later keys are first set to finfo.min, as MLX's causal `where` does. -> False (x
+    untouched) where the kernel is unavailable or x is not such an array."""
     lib = library()
     if lib is None or x.dtype != mx.float32 or x.ndim == 0 or x.size == 0:
         return False
@@ -130,7 +132,9 @@ def softmax_(x: mx.array) -> bool:
     buf = np.asarray(view)
     n = x.shape[-1]
     threads = max(1, min(len(os.sched_getaffinity(0)), x.size // PER_THREAD))
-    lib.dflash_softmax(buf.ctypes.data, buf.ctypes.data, x.size // n, n, threads)
+    qlen = 0 if causal_offset is None else x.shape[-2]
+    lib.dflash_softmax(buf.ctypes.data, buf.ctypes.data, x.size // n, n, qlen,
+                       causal_offset or 0, threads)
     return True
 
 
@@ -145,7 +149,7 @@ def _agrees(lib: ctypes.CDLL) -> bool:
         x[-1] = -np.inf
         want = np.array(mx.softmax(mx.array(x), axis=-1, precise=True, stream=mx.cpu))
         got = np.empty_like(x)
-        lib.dflash_softmax(x.ctypes.data, got.ctypes.data, rows, n, 2)
+        lib.dflash_softmax(x.ctypes.data, got.ctypes.data, rows, n, 0, 0, 2)
         same = (want.view(np.uint32) == got.view(np.uint32)) | (np.isnan(want) & np.isnan(got))
         if not same.all():
             return False

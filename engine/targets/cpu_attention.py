@@ -3,8 +3,9 @@
 On a CPU `mx.fast.scaled_dot_product_attention` is its fallback in mlx/fast.cpp: scaled q @
 k.T (GQA by unflattening q's heads), a causal `where`, `softmax(precise=True)`, @ v, and that
 softmax is most of its time over a long history. `sdpa` runs the same ops, evaluates the
-scores (one sync per layer, microseconds on a CPU), runs the kernel on them in place and goes
-on with the same matmul: the output is MLX's bit for bit (tests/test_cpu_softmax.py).
+scores (one sync per layer, microseconds on a CPU), runs the kernel on them in place (it
+writes the causal mask's values itself, saving the `where` pass) and goes on with the same
+matmul: the output is MLX's bit for bit (tests/test_cpu_softmax.py).
 
 The engine calls it only from its own layer forwards: `attention_call(module)` is the
 module's own mlx-lm `__call__` code, rebound to globals where `scaled_dot_product_attention`
@@ -41,12 +42,12 @@ def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) 
         q = mx.unflatten(q, 1, (n_kv, n_q // n_kv))
         k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
     scores = q @ mx.swapaxes(k, -1, -2)
-    if mask == "causal":
-        kL = k.shape[-2]
-        allowed = mx.arange(kL - L, kL)[:, None] >= mx.arange(0, kL)[None]
-        scores = mx.where(allowed, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
     mx.eval(scores)
-    if not cpu_softmax.softmax_(scores):
+    offset = k.shape[-2] - L if mask == "causal" else None  # the kernel applies the mask
+    if not cpu_softmax.softmax_(scores, offset):
+        if offset is not None:
+            allowed = mx.arange(offset, offset + L)[:, None] >= mx.arange(0, k.shape[-2])[None]
+            scores = mx.where(allowed, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
         scores = mx.softmax(scores, axis=-1, precise=True)
     out = scores @ v
     return mx.flatten(out, 1, 2) if n_q > n_kv else out
