@@ -1,9 +1,10 @@
 """`dflash doctor [--json]`: what this machine has, and whether the engine works on it.
 
 Reports the platform, MLX and its backend, the BLAS with a 1024^3 fp32 GEMM time, native GPU
-kernels against the portable path, the cache and data folders, the offline pair, and a short
-self-check on that pair (speculative output == plain greedy, tokens/cycle, speed-up). Every
-problem found is one line naming the fix; any problem makes the exit status 1.
+kernels against the portable path (on a CPU: which attention softmax runs), the cache and data
+folders, the offline pair, and a short self-check on that pair (speculative output == plain
+greedy, tokens/cycle, speed-up). Every problem found is one line naming the fix; any problem
+makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -110,7 +111,12 @@ def kernels() -> dict[str, Any]:
 
     backend = device.current()
     if backend == "cpu":
-        return {"backend": "cpu", "native": None, "note": "the portable path (no GPU here)"}
+        from .kernels import cpu_softmax
+
+        softmax = cpu_softmax.status()  # builds it on first use; never raises
+        used = softmax.library or f"MLX's ({softmax.reason})"
+        return {"backend": "cpu", "native": None, "cpu_softmax": used,
+                "note": f"the portable path (no GPU here); attention softmax: {used}"}
     try:
         chosen = select(backend)
     except Exception as exc:  # a bad DFLASH_KERNELS value: report it with its fix
