@@ -64,10 +64,15 @@ class AttentionAdapter(TargetAdapter):
         return {"attention": create_attention_mask(h, cache[0])}
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
-        if not self._verifying or self._halves is None or self.lockstep is not None:
+        if self.lockstep is not None:
             return layer(h, masks["attention"], cache=cache)
-        r = layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
-        return self._halves[index](h, r)
+        if self._verifying and self._halves is not None:
+            r = layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
+            return self._halves[index](h, r)
+        if self.cpu_swiglu and type(layer) in SPLIT_LAYERS:  # the layer's own code, its MLP
+            h = h + layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
+            return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
+        return layer(h, masks["attention"], cache=cache)
 
     def begin_verify(self, cache: list[Any]) -> None:
         """Nothing to record (a KV cache rolls back by trimming): the next forward is a

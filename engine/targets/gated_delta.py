@@ -69,16 +69,19 @@ class GatedDeltaAdapter(TargetAdapter):
         }
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
-        if not layer.is_linear:
-            return layer(h, masks["attention"], cache=cache)
-        if self._records is None:
-            return layer(h, masks["ssm"], cache=cache)
-        # DecoderLayer.__call__ with the linear mixer swapped for the recording one.
-        r = self._linear_verify(
-            index, layer.linear_attn, layer.input_layernorm(h), masks["ssm"], cache
-        )
+        verify = layer.is_linear and self._records is not None
+        if not verify and not self.cpu_swiglu:
+            return layer(h, masks["ssm" if layer.is_linear else "attention"], cache=cache)
+        # DecoderLayer.__call__, in verify with the linear mixer swapped for the recording one.
+        x = layer.input_layernorm(h)
+        if verify:
+            r = self._linear_verify(index, layer.linear_attn, x, masks["ssm"], cache)
+        elif layer.is_linear:
+            r = layer.linear_attn(x, masks["ssm"], cache)
+        else:
+            r = layer.self_attn(x, masks["attention"], cache)
         h = h + r
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
 
     # -- verify / rollback -------------------------------------------------------------
     def warm_up(self) -> None:
