@@ -15,8 +15,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from . import cpu_kernels
 from .device import current
+from .kernels import cpu_swiglu
 
 
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -184,10 +184,10 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def __call__(self, x: mx.array, cpu: bool = False) -> mx.array:
-        """`cpu`: the swiglu by engine/cpu_kernels.py (same bits, faster; not differentiable,
-        so for inference only)."""
+        """`cpu`: the swiglu through kernels/cpu_swiglu.py (same bits, faster on a CPU; not
+        differentiable, so for inference only: training calls it without)."""
         gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(cpu_kernels.swiglu(gate, up) if cpu else nn.silu(gate) * up)
+        return self.down_proj(cpu_swiglu.swiglu(gate, up) if cpu else nn.silu(gate) * up)
 
 
 class DraftLayer(nn.Module):

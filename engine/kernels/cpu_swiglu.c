@@ -9,19 +9,22 @@
  * NaNs keep MLX's bits too: x86 returns the first operand's NaN, and MLX's build (g++ -O3)
  * multiplies s * g, then gs * u; the blends below pin that choice.
  *
- * Build with -O2 -mavx2 -mfma -ffp-contract=off: every mul and add below must round on its
- * own as MLX's do; only the explicit _mm256_fmadd_ps fuse (MLX calls std::fma there).
+ * Built with -ffp-contract=off: every mul and add below must round on its own as MLX's do;
+ * only the explicit _mm256_fmadd_ps fuse (MLX calls std::fma there). engine/kernels/
+ * cpu_swiglu.py builds and loads it; tests/test_cpu_swiglu.py checks it.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
+#define AVX __attribute__((target("avx2,fma")))
+
 static const float P[7] = {1.535336188319500e-4f, 1.339887440266574e-3f,
                            9.618437357674640e-3f, 5.550332471162809e-2f,
                            2.402264791363012e-1f, 6.931472028550421e-1f, 1.0f};
 
-static inline __attribute__((always_inline)) __m256 swiglu8(__m256 g, __m256 u) {
+AVX static inline __attribute__((always_inline)) __m256 swiglu8(__m256 g, __m256 u) {
   const __m256 one = _mm256_set1_ps(1.0f);
   __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g);
   __m256 x = _mm256_mul_ps(a, _mm256_set1_ps(1.442695f));
@@ -48,7 +51,7 @@ static inline __attribute__((always_inline)) __m256 swiglu8(__m256 g, __m256 u) 
 
 /* out[i] = silu(gate[i]) * up[i] for i in [0, n); out may alias gate or up. The last n % 8
  * go through the same vector code, padded: one code path for every element. */
-void dflash_swiglu_f32(const float *gate, const float *up, float *out, size_t n) {
+AVX void dflash_swiglu_f32(const float *gate, const float *up, float *out, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
@@ -59,4 +62,9 @@ void dflash_swiglu_f32(const float *gate, const float *up, float *out, size_t n)
     _mm256_storeu_ps(o, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
     memcpy(out + i, o, (n - i) * sizeof(float));
   }
+}
+
+int dflash_swiglu_supported(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }

@@ -69,7 +69,7 @@ class AttentionAdapter(TargetAdapter):
         if self._verifying and self._halves is not None:
             r = layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
             return self._halves[index](h, r)
-        if self.cpu_swiglu and type(layer) in SPLIT_LAYERS:  # the layer's own code, its MLP
+        if self.cpu_mlp and type(layer) in SPLIT_LAYERS:  # the layer's own code, its MLP
             h = h + layer.self_attn(layer.input_layernorm(h), masks["attention"], cache)
             return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
         return layer(h, masks["attention"], cache=cache)

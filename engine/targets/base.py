@@ -19,8 +19,8 @@ from mlx_lm.models import llama, qwen2, qwen3, qwen3_next
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import make_prompt_cache
 
-from .. import cpu_kernels
 from ..device import current
+from ..kernels import cpu_swiglu
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
 # their head rows alone would not reproduce the target's logits.
@@ -76,8 +76,8 @@ class TargetAdapter:
         self.inner = text_model(model)
         self.args = text_args(model)
         self.layers = list(self.inner.layers)
-        # On CPU, SwiGLU MLPs run their swiglu as an exact C kernel (engine/cpu_kernels.py).
-        self.cpu_swiglu = current() == "cpu"
+        # On a CPU, SwiGLU MLPs run their swiglu through kernels/cpu_swiglu.py (same bits).
+        self.cpu_mlp = current() == "cpu"
 
     @classmethod
     def build(cls, model: nn.Module, **options: Any) -> TargetAdapter:
@@ -163,8 +163,8 @@ class TargetAdapter:
 
     def _mlp(self, mlp: nn.Module, x: mx.array) -> mx.array:
         """`mlp(x)`, bit for bit; a SwiGLU MLP on CPU computes its swiglu in C."""
-        if self.cpu_swiglu and self.lockstep is None and type(mlp) in SWIGLU_MLPS:
-            return mlp.down_proj(cpu_kernels.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        if self.cpu_mlp and self.lockstep is None and type(mlp) in SWIGLU_MLPS:
+            return mlp.down_proj(cpu_swiglu.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
         return mlp(x)
 
     # -- family-specific ---------------------------------------------------------------

@@ -70,7 +70,7 @@ class GatedDeltaAdapter(TargetAdapter):
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
         verify = layer.is_linear and self._records is not None
-        if not verify and not self.cpu_swiglu:
+        if not verify and not self.cpu_mlp:
             return layer(h, masks["ssm" if layer.is_linear else "attention"], cache=cache)
         # DecoderLayer.__call__, in verify with the linear mixer swapped for the recording one.
         x = layer.input_layernorm(h)
