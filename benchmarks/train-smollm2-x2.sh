@@ -7,11 +7,15 @@
 #            GEN_BATCH_1=384, then PART=train TRAIN_S=400, PART=more MORE_S=420 (stage-5 INIT)
 #   stage 7: SEED=8 PART=gen GEN_S=270, PART=train TRAIN_S=400, PART=more1 MORE_S=250
 #            (the generation loop was then the back-to-back one: GEN_ARGS=--gen-back-to-back)
+#   stage 8: SEED=9 PART=gen GEN_S=330 (its answers came back as $OUT/gen-9-{0,1}.npz and are
+#            kept in ~/.cache/dflash-chat/train-data/stage8/ to stage again), then PART=ab
+#            AB_S=400 (not shipped: held-out 3.24 / 3.25 against stage 7's 3.22)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
-#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1}; prompts
+#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1} and
+#               $OUT/gen-$SEED-{0,1}.npz (keep them: later sessions stage them); prompts
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
 #               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
@@ -92,7 +96,9 @@ gen)
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done
   wait
-  tail -n 12 /root/gen-$SEED-*.log; ls -la /root/gen-*/ ;;
+  tail -n 14 /root/gen-$SEED-*.log; ls -la /root/gen-*/
+  # the answers come back (a few MB each) to be staged again by later sessions
+  [[ -n ${OUT:-} ]] && for r in 0 1; do cp /root/gen-$SEED-$r/data.npz "$OUT/gen-$SEED-$r.npz"; done ;;
 train)
   dp ${TRAIN_S:-420} /root/train.log "${common[@]}" "${train_args[@]}" $(data_args) \
     --init "$INIT" --lr ${LR:-3e-4} --out /root/draft --state-dir /root/state

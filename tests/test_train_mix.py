@@ -179,6 +179,10 @@ def test_interrupted_data_run_resumes_at_its_phase(pair, tmp_path):
     again, heldout2 = NoRedo(model, tokenizer, cfg, state, say=said.append).run()
     assert any("reusing" in m for m in said)
     assert again.sequences == first.sequences and heldout2.sequences == heldout.sequences
+    # the phases that generated again say where their time went (the running batch's accounts)
+    accounts = Dataset.load(state / "data-templated.npz").meta["batch_seconds"]
+    assert {"decode", "sync", "fill"} <= set(accounts)
+    assert any(m.startswith("templated: seconds decode") for m in said)
 
 
 def test_grown_draft_starts_where_the_shallow_one_was(pair):

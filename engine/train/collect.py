@@ -104,16 +104,20 @@ class Collector:
         self.eos = set(tokenizer.eos_token_ids)
         self.answered = Answered.load(tuple(cfg.skip_answered), tokenizer)
         self.skipped: dict[str, int] = {}  # prompts of each phase left out as answered
+        self.batch_seconds: dict[str, float] = {}  # the running batches' time accounts
 
     # -- helpers -----------------------------------------------------------------------
     def _answer(self, prompts: list[list[int]], seconds: float | None, max_new: int | None = None,
                 temperature: float = 0.0) -> dict[int, list[int]]:
-        cfg = self.cfg
-        return answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
-                              cfg.batch, seconds, token_budget=cfg.token_budget,
-                              temperature=temperature,
-                              loop_keep=cfg.loop_keep if temperature == 0.0 else None,
-                              attention=cfg.attention, in_place=cfg.in_place)
+        cfg, stats = self.cfg, {}
+        answers = answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
+                                 cfg.batch, seconds, token_budget=cfg.token_budget,
+                                 temperature=temperature,
+                                 loop_keep=cfg.loop_keep if temperature == 0.0 else None,
+                                 attention=cfg.attention, in_place=cfg.in_place, stats=stats)
+        for name, took in stats.get("seconds", {}).items():
+            self.batch_seconds[name] = self.batch_seconds.get(name, 0.0) + took
+        return answers
 
     def _fresh(self, phase: str, prompts: list[list[int]]) -> list[list[int]]:
         """`prompts` less those an earlier dataset (--skip-answered) already answered."""
@@ -255,6 +259,7 @@ class Collector:
             if cfg.seconds is not None:  # this phase's share plus what earlier ones left
                 seconds = max(0.0, cfg.seconds * spent_share - (time.perf_counter() - start))
             t0 = time.perf_counter()
+            self.batch_seconds = {}
             if phase == "heldout":
                 # only the held-out records need the (slow) contamination check here
                 data = self.heldout([r for r in every if is_held_out(r.id)
@@ -274,10 +279,15 @@ class Collector:
                 data.meta["skipped_answered"] = self.skipped.get(phase, 0)
                 self.say(f"{phase}: skipped {self.skipped.get(phase, 0)} prompts already "
                          f"answered in {', '.join(cfg.skip_answered)}")
+            if self.batch_seconds:  # where a generation run's time went (RunningBatch)
+                data.meta["batch_seconds"] = {k: round(v, 2) for k, v in self.batch_seconds.items()}
             self.state_dir.mkdir(parents=True, exist_ok=True)
             data.save(path)
             parts[phase] = data
             self.say(f"{phase}: {len(data)} sequences, {data.response_tokens} response tokens "
                      f"in {took:.0f}s ({data.response_tokens / max(took, 1e-9):.0f} tok/s)")
+            if self.batch_seconds:
+                self.say(f"{phase}: seconds " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in self.batch_seconds.items()))
         train = Dataset.concat([parts[p] for p in PHASES if p != "heldout"])
         return train, parts["heldout"]

@@ -411,19 +411,21 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
                    batch: int, seconds: float | None = None,
                    on_done: Callable[[int], None] | None = None, token_budget: int = 1 << 18,
                    temperature: float = 0.0, loop_keep: int | None = None,
-                   attention: str = "mlx", in_place: bool = True) -> dict[int, list[int]]:
+                   attention: str = "mlx", in_place: bool = True,
+                   stats: dict | None = None) -> dict[int, list[int]]:
     """The target's responses to `prompts` in batches of similar length (see
     `length_batches`), in a seeded shuffle so every category and length comes early; ->
     {prompt index: response}. With `seconds`, stops after the batch that crosses it. With
     `loop_keep`, looping rows stop early and are cut `loop_keep` tokens into their loop.
     `attention` picks the decode step's attention for paddable targets (decode_logits),
-    `in_place` how their steps are queued (RunningBatch)."""
+    `in_place` how their steps are queued (RunningBatch); `stats` receives a running
+    batch's time accounts (answer_running)."""
     eos = set(tokenizer.eos_token_ids)
     if paddable(model):
         answers = answer_running(model, prompts, max_new, eos, batch, seconds, on_done,
                                  temperature, stop_loops=loop_keep is not None,
                                  order=running_order(prompts, batch), attention=attention,
-                                 in_place=in_place)
+                                 in_place=in_place, stats=stats)
         return answers if loop_keep is None else dict(
             zip(answers, cut_loops(list(answers.values()), loop_keep)))
     chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget, False)
