@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class KernelStatus:
 
 _status: KernelStatus | None = None
 _lib: ctypes.CDLL | None = None
+_lock = threading.Lock()  # one build per process, whichever thread asks first
 
 
 def mode() -> str:
@@ -65,12 +67,13 @@ def status() -> KernelStatus:
 def library() -> ctypes.CDLL | None:
     """The checked kernel, once per process; None where it cannot be used."""
     global _status, _lib
-    if _status is None:
-        try:
-            _lib = _load()
-            _status = KernelStatus(str(_lib._name), "")
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            _lib, _status = None, KernelStatus(None, str(exc) or type(exc).__name__)
+    with _lock:
+        if _status is None:
+            try:
+                _lib = _load()
+                _status = KernelStatus(str(_lib._name), "")
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                _lib, _status = None, KernelStatus(None, str(exc) or type(exc).__name__)
     return _lib
 
 
