@@ -111,12 +111,15 @@ def kernels() -> dict[str, Any]:
 
     backend = device.current()
     if backend == "cpu":
-        from .kernels import cpu_softmax
+        from .kernels import cpu_softmax, cpu_swiglu
 
-        softmax = cpu_softmax.status()  # builds it on first use; never raises
+        # each builds its kernel on first use and never raises
+        softmax, swiglu = (k.status() for k in (cpu_softmax.KERNEL, cpu_swiglu.KERNEL))
         used = softmax.library or f"MLX's ({softmax.reason})"
-        return {"backend": "cpu", "native": None, "cpu_softmax": used,
-                "note": f"the portable path (no GPU here); attention softmax: {used}"}
+        mlp = swiglu.library or f"MLX's ({swiglu.reason})"
+        return {"backend": "cpu", "native": None, "cpu_softmax": used, "cpu_swiglu": mlp,
+                "note": f"the portable path (no GPU here); attention softmax: {used}; "
+                        f"SwiGLU: {mlp}"}
     try:
         chosen = select(backend)
     except Exception as exc:  # a bad DFLASH_KERNELS value: report it with its fix

@@ -15,6 +15,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .device import current
+from .kernels import cpu_swiglu
+
 
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
     """The documented default: one tap at L // 2; n taps spread from layer 1 to L - 3."""
@@ -180,8 +183,11 @@ class DraftMLP(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    def __call__(self, x: mx.array, cpu: bool = False) -> mx.array:
+        """`cpu`: the swiglu through kernels/cpu_swiglu.py (same bits, faster on a CPU; not
+        differentiable, so for inference only: training calls it without)."""
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(cpu_swiglu.swiglu(gate, up) if cpu else nn.silu(gate) * up)
 
 
 class DraftLayer(nn.Module):
@@ -192,9 +198,9 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, cache: KVCache, start: int) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache, start: int, cpu: bool = False) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), cache, start)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), cpu)
 
 
 class DFlashDraft(nn.Module):
@@ -226,6 +232,7 @@ class DFlashDraft(nn.Module):
         """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H]."""
         start = cache[0].offset
         h = block_embeddings
+        cpu = current() == "cpu"
         for layer, c in zip(self.layers, cache):
-            h = layer(h, c, start)
+            h = layer(h, c, start, cpu)
         return self.norm(h)

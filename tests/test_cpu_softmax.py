@@ -14,7 +14,7 @@ from mlx_lm.generate import generate_step
 from tiny_pairs import CORPUS
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.kernels import cpu_softmax
+from engine.kernels import cpu_native, cpu_softmax
 from engine.targets import cpu_attention
 
 BUILDS_HERE = (sys.platform.startswith("linux") and platform.machine() == "x86_64"
@@ -114,14 +114,14 @@ def test_attention_equals_mlx_sdpa(kernel, n_kv, repeats):
 
 def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypatch):
     q, kv = mx.zeros((1, 4, 2, 16)), mx.zeros((1, 2, 8, 16))
-    monkeypatch.setenv(cpu_softmax.ENV, "on")
+    monkeypatch.setenv(cpu_native.ENV, "on")
     assert cpu_attention.eligible(q, kv, kv, "causal", None, None)
     assert cpu_attention.eligible(q, kv, kv, None, None, None)
     assert not cpu_attention.eligible(q, kv, kv, mx.ones((2, 8), mx.bool_), None, None)
     assert not cpu_attention.eligible(q, kv, kv, "causal", None, mx.zeros((4,)))
     half = q.astype(mx.bfloat16)
     assert not cpu_attention.eligible(half, kv, kv, "causal", None, None)
-    monkeypatch.setenv(cpu_softmax.ENV, "auto")  # tiny: not worth a sync
+    monkeypatch.setenv(cpu_native.ENV, "auto")  # tiny: not worth a sync
     assert not cpu_attention.eligible(q, kv, kv, "causal", None, None)
     big = mx.zeros((1, 2, cpu_attention.MIN_SCORES // 64, 16))  # 4 heads x 16 queries
     assert cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
@@ -134,7 +134,7 @@ def long_prompt(rt) -> list[int]:
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5"])
 def test_engine_with_the_kernel_forced_on_equals_mlx_lm_greedy(tiny_pairs, kernel, monkeypatch,
                                                                 family):
-    monkeypatch.setenv(cpu_softmax.ENV, "on")
+    monkeypatch.setenv(cpu_native.ENV, "on")
     calls = []
     original = cpu_softmax.softmax_
     monkeypatch.setattr(cpu_softmax, "softmax_",
@@ -156,9 +156,9 @@ def test_engine_with_the_kernel_forced_on_equals_mlx_lm_greedy(tiny_pairs, kerne
 def test_missing_compiler_falls_back_to_mlx(tiny_pairs, monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(cpu_softmax.ENV, "on")
-    monkeypatch.setattr(cpu_softmax, "_status", None)  # build again, in this empty cache
-    monkeypatch.setattr(cpu_softmax, "_lib", None)
+    monkeypatch.setenv(cpu_native.ENV, "on")
+    monkeypatch.setattr(cpu_softmax.KERNEL, "_status", None)  # build again, in this empty cache
+    monkeypatch.setattr(cpu_softmax.KERNEL, "_lib", None)
     assert cpu_softmax.library() is None
     assert cpu_softmax.status().library is None and cpu_softmax.status().reason
     q = mx.ones((1, 2, 4, 16))
@@ -172,7 +172,7 @@ def test_missing_compiler_falls_back_to_mlx(tiny_pairs, monkeypatch, tmp_path):
 
 
 def test_off_leaves_the_models_own_layers(tiny_pairs, monkeypatch):
-    monkeypatch.setenv(cpu_softmax.ENV, "off")
+    monkeypatch.setenv(cpu_native.ENV, "off")
     target, draft = tiny_pairs("qwen3_5")
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                        config=DFlashConfig(dtype="float32"))
@@ -183,7 +183,7 @@ def test_off_leaves_the_models_own_layers(tiny_pairs, monkeypatch):
 def test_forward_with_the_kernel_equals_the_models_own_layers(tiny_pairs, kernel, monkeypatch,
                                                               family):
     """Prefill over a long prompt, then a verify: logits and taps equal bit for bit."""
-    monkeypatch.setenv(cpu_softmax.ENV, "on")
+    monkeypatch.setenv(cpu_native.ENV, "on")
     target, draft = tiny_pairs(family)
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                        config=DFlashConfig(dtype="float32"))

@@ -72,7 +72,8 @@ class AttentionAdapter(TargetAdapter):
             return layer(h, masks["attention"], cache=cache)
         attend = self._attend[index]
         half = self._halves[index] if self._verifying and self._halves is not None else None
-        if attend is None and half is None:
+        written_out = self.cpu_mlp and type(layer) in SPLIT_LAYERS  # the layer's own code
+        if attend is None and half is None and not written_out:
             return layer(h, masks["attention"], cache=cache)
         x = layer.input_layernorm(h)
         if attend is None:
@@ -82,7 +83,7 @@ class AttentionAdapter(TargetAdapter):
         if half is not None:
             return half(h, r)
         h = h + r
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
 
     def begin_verify(self, cache: list[Any]) -> None:
         """Nothing to record (a KV cache rolls back by trimming): the next forward is a

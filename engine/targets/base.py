@@ -15,13 +15,19 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models import llama, qwen2, qwen3, qwen3_next
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import make_prompt_cache
+
+from ..device import current
+from ..kernels import cpu_swiglu
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
 # their head rows alone would not reproduce the target's logits.
 SCALED_LOGITS_ARGS = ("logits_scaling", "logit_scale", "final_logit_softcapping",
                       "output_multiplier", "lm_head_multiplier")
+# mlx-lm MLPs whose __call__ is down_proj(swiglu(gate_proj(x), up_proj(x))).
+SWIGLU_MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP, qwen3_next.Qwen3NextMLP)
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -70,6 +76,8 @@ class TargetAdapter:
         self.inner = text_model(model)
         self.args = text_args(model)
         self.layers = list(self.inner.layers)
+        # On a CPU, SwiGLU MLPs run their swiglu through kernels/cpu_swiglu.py (same bits).
+        self.cpu_mlp = current() == "cpu"
 
     @classmethod
     def build(cls, model: nn.Module, **options: Any) -> TargetAdapter:
@@ -152,6 +160,12 @@ class TargetAdapter:
     def warm_up(self) -> None:
         """Compile whatever the target's verify and rollback will need, before the first
         reply (default: nothing to compile)."""
+
+    def _mlp(self, mlp: nn.Module, x: mx.array) -> mx.array:
+        """`mlp(x)`, bit for bit; a SwiGLU MLP on CPU computes its swiglu in C."""
+        if self.cpu_mlp and self.lockstep is None and type(mlp) in SWIGLU_MLPS:
+            return mlp.down_proj(cpu_swiglu.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        return mlp(x)
 
     # -- family-specific ---------------------------------------------------------------
     def _first_kv_index(self) -> int:

@@ -73,20 +73,22 @@ class GatedDeltaAdapter(TargetAdapter):
         }
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
-        if not layer.is_linear:
-            attend = self._attend[index] if self.lockstep is None else None
-            if attend is None:
-                return layer(h, masks["attention"], cache=cache)
-            h = h + attend(layer.self_attn, layer.input_layernorm(h), masks["attention"], cache)
-            return h + layer.mlp(layer.post_attention_layernorm(h))
-        if self._records is None:
-            return layer(h, masks["ssm"], cache=cache)
-        # DecoderLayer.__call__ with the linear mixer swapped for the recording one.
-        r = self._linear_verify(
-            index, layer.linear_attn, layer.input_layernorm(h), masks["ssm"], cache
-        )
+        verify = layer.is_linear and self._records is not None
+        attend = None if layer.is_linear or self.lockstep is not None else self._attend[index]
+        if not verify and attend is None and not self.cpu_mlp:
+            return layer(h, masks["ssm" if layer.is_linear else "attention"], cache=cache)
+        # DecoderLayer.__call__, in verify with the linear mixer swapped for the recording one.
+        x = layer.input_layernorm(h)
+        if verify:
+            r = self._linear_verify(index, layer.linear_attn, x, masks["ssm"], cache)
+        elif layer.is_linear:
+            r = layer.linear_attn(x, masks["ssm"], cache)
+        elif attend is not None:
+            r = attend(layer.self_attn, x, masks["attention"], cache)
+        else:
+            r = layer.self_attn(x, masks["attention"], cache)
         h = h + r
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
 
     # -- verify / rollback -------------------------------------------------------------
     def warm_up(self) -> None:
