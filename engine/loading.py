@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 
 from .draft import DFlashDraft, DraftArgs
 from .draft_head import RANKING_FILE
@@ -363,3 +364,28 @@ def load_draft(model_id: str, draft: str | None, target: TargetAdapter,
     _say(progress, f"loading draft {draft_id}")
     return load_draft_folder(path, dtype), draft_id, ranking
 
+
+
+class _NullByteBPEDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's BPE streaming detokenizer with byte 0x00 kept: its byte lookup reads the byte
+    value 0 as "not a byte" and streams the placeholder character "Ā" where
+    `tokenizer.decode` gives "\\x00", so a streamed reply differed from the final text."""
+
+    def _decode_bytes(self, seq: str) -> str:
+        table = _byte_decoder()
+        out = bytearray()
+        for char in seq:
+            byte = table.get(char)
+            if byte is None:
+                out.extend(char.encode("utf-8"))
+            else:
+                out.append(byte)
+        return out.decode("utf-8", "replace")
+
+
+def stream_bytes_exactly(tokenizer: Any) -> Any:
+    """`tokenizer` with its streaming detokenizer decoding every byte as `decode` does."""
+    inner = getattr(tokenizer, "_detokenizer", None)
+    if type(inner) is BPEStreamingDetokenizer:
+        inner.__class__ = _NullByteBPEDetokenizer
+    return tokenizer

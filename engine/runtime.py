@@ -16,7 +16,7 @@ from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
-from .loading import Progress, load_draft, load_target, quantization
+from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -40,7 +40,7 @@ class DFlashRuntime:
                  token_ranking: list[int] | None = None, lockstep: Lockstep | None = None):
         self.config = config or DFlashConfig()
         self.model = model
-        self.tokenizer = tokenizer
+        self.tokenizer = stream_bytes_exactly(tokenizer)
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)

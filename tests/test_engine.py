@@ -112,6 +112,20 @@ def test_stream_spans_mark_draft_and_target_tokens(tiny_pairs):
     assert result.acceptance_rate == pytest.approx(1 - result.cycles / result.total_tokens)
 
 
+
+def test_streamed_text_keeps_the_null_byte_like_decode(tiny_pairs):
+    """mlx-lm's BPE streaming detokenizer reads byte 0 as "not a byte" and streamed the
+    placeholder "\u0100" where decode gives "\x00": a served reply then differed from the
+    final text whenever a model emitted that byte."""
+    rt = load(tiny_pairs, "qwen3_5")
+    null = rt.tokenizer._tokenizer.convert_tokens_to_ids("\u0100")  # byte-level BPE's 0x00
+    other = rt.encode("hi")[-1]
+    detok = rt.tokenizer.detokenizer
+    for t in (null, other, null):
+        detok.add_token(t)
+    detok.finalize()
+    assert detok.text == rt.tokenizer.decode([null, other, null]) and "\x00" in detok.text
+
 def test_eos_stops_and_is_not_emitted(tiny_pairs):
     rt = load(tiny_pairs, "qwen3")
     ids = rt.encode("Hello world")
