@@ -129,9 +129,12 @@ def test_a_kernel_that_differs_from_mlx_is_not_used(monkeypatch, tmp_path):
     kernel()
     fresh(monkeypatch)
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
-    broken = tmp_path / "cpu_swiglu.c"  # one constant of the exp polynomial changed
-    broken.write_text(cpu_swiglu.SOURCE.read_text().replace("2.402264791363012e-1f",
-                                                            "2.40226e-1f"))
+    # the shared exp written into the source, one constant of its polynomial changed
+    exp = (cpu_native.INCLUDE / "mlx_exp_avx2.h").read_text()
+    assert exp.count("2.402264791363012e-1f") == 1
+    broken = tmp_path / "cpu_swiglu.c"
+    broken.write_text(cpu_swiglu.SOURCE.read_text().replace(
+        '#include "mlx_exp_avx2.h"', exp.replace("2.402264791363012e-1f", "2.40226e-1f")))
     monkeypatch.setattr(cpu_swiglu.KERNEL, "source", broken)
     assert cpu_swiglu.library() is None and "differs" in cpu_swiglu.status().reason
 

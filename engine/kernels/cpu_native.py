@@ -30,6 +30,7 @@ from ..cache import cache_root, intact, part_path, remove_dead_parts, write_stam
 
 ENV = "DFLASH_CPU_KERNELS"
 MODES = ("auto", "on", "off")
+INCLUDE = Path(__file__).parent  # mlx_exp_avx2.h, shared by the kernels
 
 
 def mode() -> str:
@@ -96,11 +97,14 @@ class Kernel:
 
 
 def build(source: Path, flags: tuple[str, ...], folder: Path | None = None) -> Path:
-    """`source` compiled once per source, flags and compiler (named by their digest)."""
+    """`source` compiled once per source, shared headers, flags and compiler (named by their
+    digest)."""
     cc = shlex.split(os.environ.get("CC") or "") or [shutil.which("cc") or shutil.which("gcc")]
     if not cc[0]:
         raise RuntimeError("no C compiler (set CC)")
-    digest = hashlib.sha256(source.read_bytes() + " ".join((*cc, *flags)).encode())
+    flags = (*flags, f"-I{INCLUDE}")
+    headers = b"".join(h.read_bytes() for h in sorted(INCLUDE.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join((*cc, *flags)).encode())
     folder = folder or cache_root() / "kernels"
     dest = folder / f"{source.stem}-{digest.hexdigest()[:16]}.so"
     if intact(dest):
