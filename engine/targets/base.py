@@ -76,8 +76,7 @@ class TargetAdapter:
         self.inner = text_model(model)
         self.args = text_args(model)
         self.layers = list(self.inner.layers)
-        # On a CPU, SwiGLU MLPs run their swiglu through kernels/cpu_swiglu.py (same bits).
-        self.cpu_mlp = current() == "cpu"
+        self.on_cpu = current() == "cpu"
 
     @classmethod
     def build(cls, model: nn.Module, **options: Any) -> TargetAdapter:
@@ -161,9 +160,15 @@ class TargetAdapter:
         """Compile whatever the target's verify and rollback will need, before the first
         reply (default: nothing to compile)."""
 
+    @property
+    def cpu_mlp(self) -> bool:
+        """Whether SwiGLU MLPs run their swiglu through kernels/cpu_swiglu.py (same bits): on a
+        CPU, unless sharded (sharded targets run the model's own layers)."""
+        return self.on_cpu and self.lockstep is None
+
     def _mlp(self, mlp: nn.Module, x: mx.array) -> mx.array:
         """`mlp(x)`, bit for bit; a SwiGLU MLP on CPU computes its swiglu in C."""
-        if self.cpu_mlp and self.lockstep is None and type(mlp) in SWIGLU_MLPS:
+        if self.cpu_mlp and type(mlp) in SWIGLU_MLPS:
             return mlp.down_proj(cpu_swiglu.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
         return mlp(x)
 
