@@ -10,6 +10,8 @@
 #   stage 8: SEED=9 PART=gen GEN_S=330 (its answers came back as $OUT/gen-9-{0,1}.npz and are
 #            kept in ~/.cache/dflash-chat/train-data/stage8/ to stage again), then PART=ab
 #            AB_S=400 (not shipped: held-out 3.24 / 3.25 against stage 7's 3.22)
+#   stage 9: gen-9-{0,1}.npz staged; SEED=10 PART=gen GEN_S=240 GEN_GPUS=0 PROBE_GPU=1, then
+#            PART=train LR=2e-4 TRAIN_S=800 PAUSE=400 PROFILE=10, PART=resume PAUSE=400
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -19,8 +21,13 @@
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
 #               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
+#               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
+#               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13)
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
-#               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state)
+#               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
+#               PAUSE=S ends the call after S seconds, then PART=resume continues the same
+#               schedule (a call lasts at most 10 minutes); PROFILE=N times N steps' phases
+#   PART=resume continue a paused PART=train run (PAUSE again to split it further)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
@@ -83,7 +90,12 @@ gen)
     answered=(--skip-answered benchmarks/stage5/data-*.npz)
     for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
   fi
-  for r in 0 1; do
+  if [[ -n ${PROBE_GPU:-} ]]; then  # issue 13: where a cycle's time goes, on its own GPU
+    CUDA_VISIBLE_DEVICES=$PROBE_GPU timeout $(( ${GEN_S:-420} + 60 )) python3 \
+      scripts/gpu_cycle_probe.py --parts cycle,host,children --precisions checkpoint,bfloat16 \
+      --budget $(( ${GEN_S:-420} - 60 )) > /root/probe.log 2>&1 &
+  fi
+  for r in ${GEN_GPUS:-0 1}; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases
     cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
     width=GEN_BATCH_$r
@@ -97,11 +109,16 @@ gen)
   done
   wait
   tail -n 14 /root/gen-$SEED-*.log; ls -la /root/gen-*/
+  [[ -f /root/probe.log ]] && tail -n 30 /root/probe.log
   # the answers come back (a few MB each) to be staged again by later sessions
-  [[ -n ${OUT:-} ]] && for r in 0 1; do cp /root/gen-$SEED-$r/data.npz "$OUT/gen-$SEED-$r.npz"; done ;;
-train)
+  [[ -n ${OUT:-} ]] && for r in ${GEN_GPUS:-0 1}; do
+    cp /root/gen-$SEED-$r/data.npz "$OUT/gen-$SEED-$r.npz"; done ;;
+train|resume)
+  more=(--init "$INIT" --profile-steps ${PROFILE:-0})
+  [[ $PART == resume ]] && more=(--init "$INIT" --resume)
   dp ${TRAIN_S:-420} /root/train.log "${common[@]}" "${train_args[@]}" $(data_args) \
-    --init "$INIT" --lr ${LR:-3e-4} --out /root/draft --state-dir /root/state
+    "${more[@]}" ${PAUSE:+--pause-after $PAUSE} --lr ${LR:-3e-4} --out /root/draft \
+    --state-dir /root/state
   pack ;;
 more)
   rm -rf /root/init && cp -r /root/draft /root/init
@@ -125,6 +142,6 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
   done
   wait
   for v in a b; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
-*) echo "PART=gen|train|more|more1|ab" >&2; exit 2 ;;
+*) echo "PART=gen|train|resume|more|more1|ab" >&2; exit 2 ;;
 esac
 exit 0

@@ -186,6 +186,35 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
     assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
 
 
+def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
+    """--pause-after ends a run early with its state saved; --resume continues the same
+    schedule and data order, so two paused calls and a resumed one end exactly where one
+    uninterrupted run does. --profile-steps times the phases of a step."""
+    target_dir, *_ = pair
+    data = tmp_path / "data.npz"
+    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+
+    def run(out: str, *extra: str) -> dict:
+        argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
+                "--taps", "1", "--steps", "4", "--batch", "2", "--anchors", "2",
+                "--data", str(data), "--val-size", "2", "--val-every", "100", "--no-progress",
+                *extra]
+        return train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+
+    whole = run("whole", "--profile-steps", "2", "--steps", "8")
+    assert set(whole["step_profile"]) == {"batch", "target", "draft_forward_backward", "update"}
+    assert not whole["paused"]
+    first = run("parts", "--pause-after", "0", "--steps", "8")
+    assert first["steps"] == 1 and first["paused"]
+    assert run("parts", "--pause-after", "0", "--steps", "8", "--resume")["steps"] == 2
+    last = run("parts", "--steps", "8", "--resume")
+    assert last["steps"] == 8 and not last["paused"]
+    assert [h["step"] for h in last["history"]] == [1, 2, 8]  # every call's steps, in order
+    a = mx.load(str(tmp_path / "whole" / "resume" / "draft-fp32.safetensors"))
+    b = mx.load(str(tmp_path / "parts" / "resume" / "draft-fp32.safetensors"))
+    assert all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
 def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     target_dir, *_ = pair
     extra = Dataset([[1, 10 + i, 3, 4, 5, 6] for i in range(7)], [2] * 7)

@@ -85,6 +85,8 @@ class TrainConfig:
     gen_batch: int = 256
     gen_seconds: float | None = None  # stop generating new data after this long
     train_seconds: float | None = None  # shrink the cosine schedule to fit this long
+    pause_after: float | None = None  # end this run after this long; --resume continues it
+    profile_steps: int = 0  # time each phase of this many steps (host syncs between them)
     dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
     save_dtype: str = "bfloat16"
     head_dtype: str = "float32"  # lm_head precision in the training loss (bfloat16: faster)
@@ -182,14 +184,16 @@ def save_checkpoint(draft: DFlashDraft, out: Path, dtype: mx.Dtype) -> None:
 
 
 def save_state(optimizer: optim.Optimizer, draft: DFlashDraft, step: int, total: int,
-               state_dir: Path) -> None:
-    """Full-precision weights + optimizer moments, so --resume continues exactly."""
+               state_dir: Path, epoch: int = 0, cursor: int = 0) -> None:
+    """Full-precision weights + optimizer moments and the place in the data, so --resume
+    continues exactly."""
     state_dir.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(state_dir / "draft-fp32.safetensors"),
                         dict(tree_flatten(draft.parameters())))
     opt = {k: v for k, v in tree_flatten(optimizer.state) if isinstance(v, mx.array)}
     mx.save_safetensors(str(state_dir / "optimizer.safetensors"), opt)
-    (state_dir / "step.json").write_text(json.dumps({"step": step, "total": total}))
+    (state_dir / "step.json").write_text(json.dumps({"step": step, "total": total,
+                                                     "epoch": epoch, "cursor": cursor}))
 
 
 def load_state(optimizer: optim.Optimizer, draft: DFlashDraft, state_dir: Path) -> dict:
@@ -393,18 +397,23 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     loss_and_grad = nn.value_and_grad(draft, lambda b, t: block_loss(draft, target, b, t,
                                                                       weights, head))
-    step, total = 0, cfg.steps
+    step, total, epoch, cursor = 0, cfg.steps, 0, 0
+    earlier: dict[str, Any] = {}  # the log of the run this one resumes
     if cfg.resume and (state_dir / "step.json").is_file():
         optimizer.init(draft.trainable_parameters())
         resumed = load_state(optimizer, draft, state_dir)
         step, total = resumed["step"], resumed["total"]
+        epoch, cursor = resumed.get("epoch", 0), resumed.get("cursor", 0)
+        if log_path.is_file():
+            earlier = json.loads(log_path.read_text())
         say(f"resumed at step {step} of {total}")
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
     say(f"draft: {cfg.depth} layers, taps {draft.args.target_layer_ids}, "
         f"{n_params / 1e6:.2f}M parameters, mask token {mask_id}")
 
-    rng = np.random.default_rng(cfg.seed + step)  # the data order: the same on every rank
-    anchor_rng = rng if world == 1 else np.random.default_rng([cfg.seed + step, rank])
+    def data_order(epoch: int) -> np.ndarray:  # the same on every rank, and after --resume
+        return np.random.default_rng([cfg.seed, epoch]).permutation(len(train_set))
+
     log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
                            "data": {**data.meta, "sequences": len(data),
                                     "train_sequences": len(train_set), "dropped": dropped,
@@ -412,33 +421,49 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                     "val_sets": {k: len(v) for k, v in val_sets.items()},
                                     "response_tokens": data.response_tokens,
                                     "total_tokens": sum(len(s) for s in data.sequences)},
-                           "history": [], "val": [], "env": _env()}
+                           "history": earlier.get("history", []),
+                           "val": earlier.get("val", []), "env": _env()}
     if step == 0 and cfg.init and lead:  # where the initial draft starts, on the same anchors
         v = validate(draft, target, val_set, cfg, weights)
         log["val"].append({"step": 0, "set": val_name, **v})
         say(f"step 0: {val_name} loss {v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
-    order = rng.permutation(len(train_set))
-    cursor, epoch = 0, 0
+    order = data_order(epoch)
     train_start = time.perf_counter()
+    log_start = train_start - earlier.get("train_seconds", 0.0)  # a resumed run's clock goes on
     first_step = step
     losses: list[float] = []
+    phase_ms: dict[str, list[float]] = {}
     with _progress(cfg.progress) as bar:
         task = bar.add_task("training", total=total, completed=step)
         while step < total:
             if cursor + cfg.batch * world > len(order):
-                order, cursor, epoch = rng.permutation(len(train_set)), 0, epoch + 1
+                epoch, cursor = epoch + 1, 0
+                order = data_order(epoch)
+            # steps 5.. of this run, timed phase by phase when asked (a sync after each)
+            timed = 5 <= step - first_step < 5 + cfg.profile_steps
+            clock = _PhaseClock(phase_ms if timed else None)
             idx = order[cursor + rank * cfg.batch:cursor + (rank + 1) * cfg.batch]
             cursor += cfg.batch * world
+            anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
+            clock.lap("batch")
             taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+            clock.lap("target", taps)
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             loss, grads = loss_and_grad(batch, taps)
+            clock.lap("draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
                 loss = mx.distributed.all_sum(loss, group=group) / world
+                clock.lap("all_reduce", loss, grads)
             grads, norm = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(draft, grads)
             mx.eval(loss, norm, draft.parameters(), optimizer.state)
+            clock.lap("update")
+            if timed and step - first_step == 4 + cfg.profile_steps:
+                log["step_profile"] = {k: float(np.median(v)) for k, v in phase_ms.items()}
+                say("step phases (median ms): " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in log["step_profile"].items()))
             step += 1
             losses.append(float(loss))
             if cfg.train_seconds and agree(
@@ -447,7 +472,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 break
             if step - first_step == 5:
                 t5 = time.perf_counter()
-            if cfg.train_seconds and step - first_step == 20:
+            pausing = cfg.pause_after is not None and agree(
+                time.perf_counter() - train_start > cfg.pause_after) > 0
+            if cfg.train_seconds and step - first_step == 20 and first_step == 0:
                 # time steps 5..20 (the first ones include kernel compilation)
                 per_step = (time.perf_counter() - t5) / 15
                 left = cfg.train_seconds - (time.perf_counter() - train_start)
@@ -457,11 +484,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                     bar.update(task, total=total)
                     say(f"{per_step * 1e3:.0f} ms/step: schedule shortened to {total} steps")
             bar.update(task, advance=1, description=f"training loss {np.mean(losses[-20:]):.3f}")
-            if step % 10 == 0 or step == total:
+            if step % 10 == 0 or step == total or pausing:
                 log["history"].append({"step": step, "loss": float(np.mean(losses[-10:])),
                                        "lr": lr_at(step - 1, total, cfg.lr), "grad_norm":
                                        float(norm), "epoch": epoch,
-                                       "seconds": time.perf_counter() - train_start})
+                                       "seconds": time.perf_counter() - log_start})
+            if pausing:
+                say(f"paused at step {step} of {total}: continue with --resume")
+                break
             if not lead:
                 continue
             if step % cfg.val_every == 0 or step == total:
@@ -471,8 +501,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                     f"{v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
             if step % cfg.checkpoint_every == 0 or step == total:
                 save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
-                save_state(optimizer, draft, step, total, state_dir)
-                _write_log(log, log_path, step, total, gen_s, train_start, t0)
+                save_state(optimizer, draft, step, total, state_dir, epoch, cursor)
+                _write_log(log, log_path, step, total, gen_s, log_start, t0)
     # the ranks must hold the same weights: a divergence would mean a skipped all-reduce
     checksum = float(sum(mx.sum(v.astype(mx.float32)) for _, v in
                          tree_flatten(draft.trainable_parameters())).item())
@@ -480,8 +510,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if not lead:
         return {"rank": rank, "steps": step}
     log["ranks"] = {"count": world, "weights_agree": agreed}
+    log["paused"] = step < total
     save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
-    save_state(optimizer, draft, step, total, state_dir)
+    save_state(optimizer, draft, step, total, state_dir, epoch, cursor)
     files = " + ".join(Path(f).name for f in [data_path, *cfg.extra_data])
     write_token_ranking([train_set], out, f"dflash train-draft: response-token counts of the "
                         f"training sequences ({len(train_set)}, validation held out) of {files}")
@@ -489,10 +520,27 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log["final_val"] = {"set": val_name, **final}
     log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
-    _write_log(log, log_path, step, total, gen_s, train_start, t0)
+    _write_log(log, log_path, step, total, gen_s, log_start, t0)
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f}, "
         f"checkpoint {out}")
     return log
+
+
+class _PhaseClock:
+    """Milliseconds of each phase of one training step, evaluated phase by phase; does
+    nothing (no sync) when `into` is None."""
+
+    def __init__(self, into: dict[str, list[float]] | None):
+        self.into, self.start = into, time.perf_counter()
+
+    def lap(self, phase: str, *arrays: Any) -> None:
+        if self.into is None:
+            return
+        if arrays:
+            mx.eval(*arrays)
+        now = time.perf_counter()
+        self.into.setdefault(phase, []).append((now - self.start) * 1e3)
+        self.start = now
 
 
 def _quiet(line: str) -> None:
@@ -575,6 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-batch", type=int, default=d.gen_batch)
     p.add_argument("--gen-seconds", type=float, help="time limit for data generation")
     p.add_argument("--train-seconds", type=float, help="fit the schedule into this time")
+    p.add_argument("--pause-after", type=float, metavar="SECONDS",
+                   help="end this run after this long, saving its state: --resume continues "
+                        "the same schedule (one schedule over several shorter runs)")
+    p.add_argument("--profile-steps", type=int, default=d.profile_steps, metavar="N",
+                   help="time each phase of N steps (target, draft, all-reduce, update)")
     p.add_argument("--dtype", default=d.dtype, help="target dtype")
     p.add_argument("--save-dtype", default=d.save_dtype, choices=["float32", "bfloat16",
                                                                   "float16"])
