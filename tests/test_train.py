@@ -14,7 +14,12 @@ from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
-from engine.train.dataset import Dataset, token_ranking, write_token_ranking
+from engine.train.dataset import (
+    Dataset,
+    length_grouped_order,
+    token_ranking,
+    write_token_ranking,
+)
 from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
 from engine.train.objective import (
     Batch,
@@ -184,6 +189,24 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
     plain = rt.generate(prompt, max_tokens=20, no_eos=True, speculative=False)
     assert spec.tokens == plain.tokens and spec.speculative
     assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
+
+
+def test_length_grouped_batches_cover_every_sequence_with_little_padding():
+    """Every index once per epoch, batches of similar lengths (padding a batch to its longest
+    sequence then wastes little), and a different order for another seed."""
+    lengths = np.random.default_rng(0).integers(20, 2000, 1000)
+    order = length_grouped_order(lengths, 8, np.random.default_rng(1), group=16)
+    assert sorted(order) == list(range(1000))
+    shuffled = np.random.default_rng(1).permutation(1000)
+
+    def padded(o: np.ndarray) -> int:
+        return sum(lengths[o[i:i + 8]].max() for i in range(0, 1000, 8))
+
+    assert padded(order) < 0.75 * padded(shuffled)
+    firsts = [lengths[order[i]] for i in range(0, 1000, 8)]
+    assert not np.all(np.diff(firsts) >= 0)  # batches come in a random order, not sorted
+    assert not np.array_equal(order, length_grouped_order(lengths, 8, np.random.default_rng(2),
+                                                          group=16))
 
 
 def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):

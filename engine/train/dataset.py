@@ -89,6 +89,23 @@ def distinct_prompts(parts: Sequence[Dataset], exclude: Dataset | None = None
     return out, dropped
 
 
+def length_grouped_order(lengths: Sequence[int], batch: int, rng: np.random.Generator,
+                         group: int = 64) -> np.ndarray:
+    """A shuffled order of all indices whose consecutive `batch`-sized runs hold sequences of
+    similar length: a random order is cut into groups of `group` batches, each group sorted
+    by length and split into batches, and the batches are shuffled. A batch is padded to its
+    longest sequence, so this keeps the target's forward (most of a step) on real tokens."""
+    lengths = np.asarray(lengths)
+    order = rng.permutation(len(lengths))
+    span = batch * group
+    grouped = [chunk[np.argsort(lengths[chunk], kind="stable")]
+               for chunk in (order[i:i + span] for i in range(0, len(order), span))]
+    flat = np.concatenate(grouped) if grouped else order
+    batches = [flat[i:i + batch] for i in range(0, len(flat), batch)]
+    return np.concatenate([batches[i] for i in rng.permutation(len(batches))]) if batches \
+        else flat
+
+
 def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
     """Token ids by how often they occur in the responses (prompts excluded: the draft
     predicts answers), most frequent first, ties by id; unseen tokens are left out."""

@@ -33,7 +33,13 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..errors import ConfigError
 from ..targets.base import TargetAdapter
-from .dataset import Dataset, distinct_prompts, encode_prompts, write_token_ranking
+from .dataset import (
+    Dataset,
+    distinct_prompts,
+    encode_prompts,
+    length_grouped_order,
+    write_token_ranking,
+)
 from .generate import generate_dataset
 from .objective import (
     block_loss,
@@ -87,6 +93,7 @@ class TrainConfig:
     train_seconds: float | None = None  # shrink the cosine schedule to fit this long
     pause_after: float | None = None  # end this run after this long; --resume continues it
     profile_steps: int = 0  # time each phase of this many steps (host syncs between them)
+    group_by_length: bool = True  # batches of similar lengths (less padding in the forward)
     dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
     save_dtype: str = "bfloat16"
     head_dtype: str = "float32"  # lm_head precision in the training loss (bfloat16: faster)
@@ -412,7 +419,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         f"{n_params / 1e6:.2f}M parameters, mask token {mask_id}")
 
     def data_order(epoch: int) -> np.ndarray:  # the same on every rank, and after --resume
-        return np.random.default_rng([cfg.seed, epoch]).permutation(len(train_set))
+        rng = np.random.default_rng([cfg.seed, epoch])
+        if not cfg.group_by_length:
+            return rng.permutation(len(train_set))
+        # one step's sequences (all ranks) come from one length group
+        return length_grouped_order([len(s) for s in train_set.sequences], cfg.batch * world,
+                                    rng)
 
     log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
                            "data": {**data.meta, "sequences": len(data),
@@ -626,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pause-after", type=float, metavar="SECONDS",
                    help="end this run after this long, saving its state: --resume continues "
                         "the same schedule (one schedule over several shorter runs)")
+    p.add_argument("--no-group-by-length", dest="group_by_length", action="store_false",
+                   help="draw batches at random instead of from sequences of similar length")
     p.add_argument("--profile-steps", type=int, default=d.profile_steps, metavar="N",
                    help="time each phase of N steps (target, draft, all-reduce, update)")
     p.add_argument("--dtype", default=d.dtype, help="target dtype")
