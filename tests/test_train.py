@@ -113,6 +113,14 @@ def test_make_batch_labels_and_anchors():
                     assert pos + k >= len(seq) or a >= len(seq) - 1 - p
         assert list(tokens[n, : len(seq)]) == seq
     assert np.array(b.block).reshape(2, 3, 4)[0, 0, 0] == data.sequences[0][anchors[0, 0]]
+    # short responses get fewer anchor slots (the longest one's count, rounded up to 8), with
+    # the same anchors drawn as with room for many more
+    many = make_batch(data, [0, 1], n_anchors=96, block_size=4, mask_id=0,
+                      rng=np.random.default_rng(0))
+    few = make_batch(data, [0, 1], n_anchors=5, block_size=4, mask_id=0,
+                     rng=np.random.default_rng(0))
+    assert many.anchors.shape == (2, 8) and few.anchors.shape == (2, 5)
+    assert np.array_equal(np.array(many.anchors)[:, :4], np.array(few.anchors)[:, :4])
 
 
 def test_tokens_per_cycle_counts_the_correct_run():

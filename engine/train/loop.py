@@ -435,6 +435,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                     "total_tokens": sum(len(s) for s in data.sequences)},
                            "history": earlier.get("history", []),
                            "val": earlier.get("val", []), "env": _env()}
+    if "step_profile" in earlier:  # timed in an earlier call of this schedule
+        log["step_profile"] = earlier["step_profile"]
     if step == 0 and cfg.init and lead:  # where the initial draft starts, on the same anchors
         v = validate(draft, target, val_set, cfg, weights)
         log["val"].append({"step": 0, "set": val_name, **v})

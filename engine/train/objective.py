@@ -27,9 +27,12 @@ class Batch:
 
 def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
                mask_id: int, rng: np.random.Generator, pad_to: int = 32) -> Batch:
-    """Sample up to `n_anchors` distinct anchors per sequence inside its response. Short
-    responses repeat their first anchor with no loss, so every batch has one shape."""
-    B, A, N = block_size, n_anchors, len(idx)
+    """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
+    short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
+    a response shorter than that repeats its first anchor with no loss."""
+    B, N = block_size, len(idx)
+    most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
+    A = max(1, min(n_anchors, -(-most // 8) * 8))
     longest = max(len(data.sequences[i]) for i in idx)
     T = -(-longest // pad_to) * pad_to
     tokens = np.zeros((N, T), np.int32)
