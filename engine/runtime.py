@@ -44,7 +44,6 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
-        self.target.warm_up()  # native kernels compile here, not mid-reply
         self.min_confidence = self.config.min_confidence(device.current())
         if lockstep is not None:
             # The verify cut's length comes from each rank's own draft probabilities: every
@@ -60,6 +59,7 @@ class DFlashRuntime:
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
+        self.target.warm_up(self.block_size)  # kernels compile here, not mid-reply
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)

@@ -137,3 +137,39 @@ def test_compiled_layer_halves_are_exact(tiny_pairs, family):
         target.rollback(cache, keep=8, verified=8)
     (logits, taps), (ref_logits, ref_taps) = outs
     assert mx.array_equal(logits, ref_logits).item() and mx.array_equal(taps, ref_taps).item()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_compiled_halves_trace_once_for_every_verify_length(tiny_pairs, family, monkeypatch):
+    """warm_up traces the compiled halves with a full block; a shorter verify at the end of a
+    reply replays that trace (no new trace, no new GPU kernels mid-reply) and stays exact."""
+    rt = load(tiny_pairs, family)
+    target, taps_ids = rt.target, rt.draft.args.target_layer_ids
+    traces = []
+    compile_ = mx.compile
+
+    def counting_compile(fun, **kwargs):  # the wrapped function runs only while tracing
+        return compile_(lambda *a: (traces.append(a[0].shape), fun(*a))[1], **kwargs)
+
+    monkeypatch.setattr(mx, "compile", counting_compile)
+    assert target.compile_halves(True)
+    monkeypatch.undo()
+    target.warm_up(16)
+    assert [t[1] for t in traces] == [16] * len(target.layers)  # once per layer, at load
+    prompt = mx.array([list(range(3, 40))])
+    for size in (16, 5, 1):
+        ids = mx.array([[5, 9, 2, 7, 11, 4, 8, 6, 3, 12, 13, 14, 15, 16, 17, 18][:size]])
+        outs = []
+        for halves in (target._halves, None):
+            compiled, target._halves = target._halves, halves
+            cache = target.make_cache()
+            target.forward(prompt, cache, [], last_only=True)
+            target.begin_verify(cache)
+            outs.append(target.forward(ids, cache, taps_ids))
+            mx.eval(outs[-1])
+            target.rollback(cache, keep=size, verified=size)
+            target._halves = compiled if halves is None else halves
+        (logits, taps), (ref_logits, ref_taps) = outs
+        assert mx.array_equal(logits, ref_logits).item()
+        assert mx.array_equal(taps, ref_taps).item()
+    assert len(traces) == len(target.layers)  # lengths 5 and 1 replayed the trace

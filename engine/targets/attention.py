@@ -1,8 +1,8 @@
 """Pure-attention targets (llama, qwen2, qwen3, mistral): KV caches roll back by trimming.
 
 A verify forward runs the second half of each decoder layer (residual, post-attention norm,
-MLP, residual) as one mx.compile'd function per layer: its shapes are fixed by the verify's
-length, so it is traced once per length and then replayed in C++: fewer Python calls and
+MLP, residual) as one mx.compile'd function per layer, shapeless: traced once (at load, by
+warm_up, with a full block) for every verify length, then replayed in C++: fewer Python calls and
 less host time per verify build (benchmarks/host-cost-cpu.json; gpu_cycle_probe's host part
 measures the GPU's share). The compiled half computes
 the same primitives in the same order: on a GPU the half holds no chain of elementwise ops
@@ -25,7 +25,7 @@ from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
-from .base import TargetAdapter
+from .base import TargetAdapter, cache_arrays
 from .cpu_attention import attention_call
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
@@ -34,12 +34,14 @@ SPLIT_LAYERS = (llama.TransformerBlock, qwen2.TransformerBlock, qwen3.Transforme
 
 
 def second_half(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
-    """The layer's code after its attention, compiled (its weights are traced as constants)."""
+    """The layer's code after its attention, compiled (its weights are traced as constants).
+    Shapeless: a verify's length changes at the end of every reply, and a new trace (with,
+    on a GPU, new kernels to build) would cost that reply far more than its last cycle."""
     def half(x: mx.array, r: mx.array) -> mx.array:
         h = x + r
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    return mx.compile(half)
+    return mx.compile(half, shapeless=True)
 
 
 class AttentionAdapter(TargetAdapter):
@@ -60,6 +62,18 @@ class AttentionAdapter(TargetAdapter):
         on = on and all(type(layer) in SPLIT_LAYERS for layer in self.layers)
         self._halves = [second_half(layer) for layer in self.layers] if on else None
         return on
+
+    def warm_up(self, verify_tokens: int = 16) -> None:
+        """Trace the compiled halves and build the kernels of a full-block verify on a
+        scratch cache: on a GPU the first one otherwise stalls the first reply's first cycle."""
+        if self._halves is None or self.lockstep is not None:  # sharded: the model's layers
+            return
+        cache = self.make_cache()
+        self.forward(mx.array([[0]]), cache, [], last_only=True)
+        self.begin_verify(cache)
+        logits, _ = self.forward(mx.zeros((1, verify_tokens), mx.int32), cache, [])
+        self.rollback(cache, keep=0, verified=verify_tokens)
+        mx.eval(logits, cache_arrays(cache))
 
     def _first_kv_index(self) -> int:
         return 0

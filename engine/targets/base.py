@@ -156,9 +156,9 @@ class TargetAdapter:
         """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
 
-    def warm_up(self) -> None:
-        """Compile whatever the target's verify and rollback will need, before the first
-        reply (default: nothing to compile)."""
+    def warm_up(self, verify_tokens: int = 16) -> None:
+        """Compile whatever the target's verify (of up to `verify_tokens`) and rollback will
+        need, before the first reply (default: nothing to compile)."""
 
     @property
     def cpu_mlp(self) -> bool:

@@ -91,7 +91,7 @@ class GatedDeltaAdapter(TargetAdapter):
         return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
 
     # -- verify / rollback -------------------------------------------------------------
-    def warm_up(self) -> None:
+    def warm_up(self, verify_tokens: int = 16) -> None:
         """JIT-compile native kernels now: a compile takes seconds (the README's kernel notes),
         which would otherwise stall the first rejected draft of the first reply. A 2-token
         verify and a 1-token rollback on a scratch cache reach both kernels."""
