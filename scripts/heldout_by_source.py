@@ -1,0 +1,69 @@
+"""Simulated tokens/cycle of drafts on the held-out real-prompt answers, per prompt source:
+which kinds of prompts a draft predicts worst (where more or other training data would pay).
+
+    python3 scripts/heldout_by_source.py --draft engine/drafts/smollm2-135m-instruct-dflash \
+        --json $OUT/heldout-by-source-h200.json  # seconds on a GPU; the 2-core CPU needs > 25 min
+
+The held-out set is benchmarks/stage5/heldout.npz (255 answers, never trained on; its meta
+holds the record ids, whose prefix is the source). The figure is engine.train's validation:
+fixed anchors, greedy acceptance simulated from the draft's argmax (whole blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from engine.bench.environment import machine_info, versions
+from engine.loading import load_draft_folder, load_target
+from engine.targets import adapter_for
+from engine.train.dataset import Dataset
+from engine.train.loop import TrainConfig, validate
+from engine.train.objective import slot_weights
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
+    p.add_argument("--heldout", default="benchmarks/stage5/heldout.npz")
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    import mlx.core as mx  # after engine: its import loads the fast CPU BLAS first
+
+    heldout = Dataset.load(Path(args.heldout))
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for i, record_id in enumerate(heldout.meta["ids"]):
+        by_source[record_id.rsplit("-", 1)[0]].append(i)
+    model, _, model_id = load_target(args.model, "float32")
+    target = adapter_for(model)
+    report = {"command": " ".join(["python", *sys.argv]), "model": model_id,
+              "heldout": args.heldout, "machine": machine_info(), "versions": versions(),
+              "drafts": {}}
+    for folder in args.draft:
+        draft = load_draft_folder(Path(folder), mx.float32)
+        cfg = TrainConfig(model=args.model, out="", batch=8, anchors=96,
+                          block_size=draft.args.block_size)
+        weights = slot_weights(cfg.block_size, cfg.gamma)
+        rows = {source: {**validate(draft, target, heldout.subset(idx), cfg, weights),
+                         "answers": len(idx)} for source, idx in sorted(by_source.items())}
+        blocks = sum(r["blocks"] for r in rows.values())  # all sources: blocks-weighted
+        rows["all"] = {"tokens_per_cycle": sum(r["tokens_per_cycle"] * r["blocks"]
+                                               for r in rows.values()) / blocks,
+                       "blocks": blocks, "answers": len(heldout)}
+        report["drafts"][folder] = rows
+        for source, row in rows.items():
+            print(f"{folder}  {source:<14} tokens/cycle {row['tokens_per_cycle']:.2f}  "
+                  f"blocks {row['blocks']}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
