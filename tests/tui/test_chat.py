@@ -165,7 +165,9 @@ async def test_regenerate_replaces_the_last_reply(make_app):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         await send(pilot, "first question")
-        await wait_for(pilot, lambda: reply_settled(app))
+        # finished, not just shown: a reply still starting has no text stored yet
+        await wait_for(pilot, lambda: app.chat.active is None and replies(app)
+                       and replies(app)[-1].status in ("done", "length"))
         old = app.store.messages(app.conversation_id)
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app.chat.active is None and replies(app)
