@@ -225,8 +225,6 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         (verify_in,) = target.agree(verify_in)  # sharded: rank 0's drafts for every rank
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
-        if not sync_phases:  # the device runs the draft while the host builds the verify
-            mx.async_eval(verify_in)
 
         target.begin_verify(cache)
         logits, taps = target.forward(verify_in, cache, tap_ids)
