@@ -30,6 +30,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..cycle import PhaseClock
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..errors import ConfigError
 from ..targets.base import TargetAdapter
@@ -455,25 +456,25 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 order = data_order(epoch)
             # steps 5.. of this run, timed phase by phase when asked (a sync after each)
             timed = 5 <= step - first_step < 5 + cfg.profile_steps
-            clock = _PhaseClock(phase_ms if timed else None)
+            clock = PhaseClock() if timed else None
             idx = order[cursor + rank * cfg.batch:cursor + (rank + 1) * cfg.batch]
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
-            clock.lap("batch")
+            _lap(clock, phase_ms, "batch")
             taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
-            clock.lap("target", taps)
+            _lap(clock, phase_ms, "target", taps)
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             loss, grads = loss_and_grad(batch, taps)
-            clock.lap("draft_forward_backward", loss, grads)
+            _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
                 loss = mx.distributed.all_sum(loss, group=group) / world
-                clock.lap("all_reduce", loss, grads)
+                _lap(clock, phase_ms, "all_reduce", loss, grads)
             grads, norm = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(draft, grads)
             mx.eval(loss, norm, draft.parameters(), optimizer.state)
-            clock.lap("update")
+            _lap(clock, phase_ms, "update")
             if timed and step - first_step == 4 + cfg.profile_steps:
                 log["step_profile"] = {k: float(np.median(v)) for k, v in phase_ms.items()}
                 say("step phases (median ms): " + ", ".join(
@@ -540,21 +541,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     return log
 
 
-class _PhaseClock:
-    """Milliseconds of each phase of one training step, evaluated phase by phase; does
-    nothing (no sync) when `into` is None."""
-
-    def __init__(self, into: dict[str, list[float]] | None):
-        self.into, self.start = into, time.perf_counter()
-
-    def lap(self, phase: str, *arrays: Any) -> None:
-        if self.into is None:
-            return
-        if arrays:
-            mx.eval(*arrays)
-        now = time.perf_counter()
-        self.into.setdefault(phase, []).append((now - self.start) * 1e3)
-        self.start = now
+def _lap(clock: PhaseClock | None, into: dict[str, list[float]], phase: str,
+         *arrays: mx.array) -> None:
+    """A timed step's phase in milliseconds (the clock evaluates its outputs first); nothing,
+    and no sync, in the steps that are not timed."""
+    if clock is not None:
+        into.setdefault(phase, []).append(clock.lap(*arrays) * 1e3)
 
 
 def _quiet(line: str) -> None:
