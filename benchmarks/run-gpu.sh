@@ -8,6 +8,12 @@
 #                wholeblock rows: ARGS="--min-confidence off --draft-vocab off" SUFFIX=-wholeblock)
 #   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
 #   PART=sampled the three suites at temperature 0.7
+#   PART=cost-quick the cost checks that fit beside answer generation (train-smollm2-x2.sh
+#                PART=gen PROBE_GPU=g PROBE_PARTS=cost-quick): the cycle probe's cycle and host
+#                parts at checkpoint precision with the engine's defaults (and in children
+#                with MLX_MAX_OPS_PER_BUFFER=OPS_A / OPS_B), the oracle runs at 8 and 4
+#   PART=sources the held-out real-prompt answers' simulated tokens/cycle per prompt source
+#                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -50,6 +56,17 @@ cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known 
   done
   step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
     --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
+cost-quick)  # issue 13 on a GPU left free while the other generates
+  MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts cycle,host,children \
+    --out "$OUT/gpu-cycle-probe-quick-h200.json" --precisions checkpoint --budget 160 --child-budget 50 \
+    --child-envs "MLX_MAX_OPS_PER_BUFFER=${OPS_A:-100}:cycle:checkpoint;MLX_MAX_OPS_PER_BUFFER=${OPS_B:-400}:cycle:checkpoint"
+  for k in 8 4; do
+    bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos --oracle-tokens-per-cycle $k \
+      --json "$OUT/smollm2-oracle$k-h200.json"
+  done ;;
+sources)  # issue 12: which prompt sources the draft predicts worst
+  drafts=(--draft "$DRAFT"); [[ -n ${DRAFT_B:-} ]] && drafts+=(--draft "$DRAFT_B")
+  TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
 gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
@@ -57,6 +74,6 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|cost|sampled|gen-profile" >&2; exit 2 ;;
+*) echo "PART=setup|kernels|smollm2|cost|cost-quick|sources|sampled|gen-profile" >&2; exit 2 ;;
 esac
 exit 0

@@ -12,6 +12,9 @@
 #            AB_S=400 (not shipped: held-out 3.24 / 3.25 against stage 7's 3.22)
 #   stage 9: gen-9-{0,1}.npz staged; SEED=10 PART=gen GEN_S=240 GEN_GPUS=0 PROBE_GPU=1, then
 #            PART=train LR=2e-4 TRAIN_S=800 PAUSE=400 PROFILE=10, PART=resume PAUSE=400
+#   stage 10: gen-9-{0,1}.npz and gen-10-0.npz staged; SEED=11 PART=gen GEN_S=300 GEN_GPUS=1
+#            PROBE_GPU=0 PROBE_PARTS="cost-quick sources", then PART=train LR=1.5e-4
+#            TRAIN_S=960 PAUSE=480 PROFILE=10, PART=resume LR=1.5e-4 TRAIN_S=960
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -22,7 +25,8 @@
 #               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
-#               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13)
+#               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13), or
+#               with PROBE_PARTS="p q" those parts of benchmarks/run-gpu.sh there
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
 #               PAUSE=S ends the call after S seconds, then PART=resume continues the same
@@ -90,7 +94,11 @@ gen)
     answered=(--skip-answered benchmarks/stage5/data-*.npz)
     for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
   fi
-  if [[ -n ${PROBE_GPU:-} ]]; then  # issue 13: where a cycle's time goes, on its own GPU
+  if [[ -n ${PROBE_PARTS:-} ]]; then  # run-gpu.sh parts on a GPU left free meanwhile
+    PROBE_PARTS="$PROBE_PARTS" CUDA_VISIBLE_DEVICES=$PROBE_GPU timeout $(( ${GEN_S:-420} + 180 )) \
+      bash -c 'for part in $PROBE_PARTS; do PART=$part bash benchmarks/run-gpu.sh; done' \
+      > /root/probe.log 2>&1 &
+  elif [[ -n ${PROBE_GPU:-} ]]; then  # issue 13: where a cycle's time goes, on its own GPU
     CUDA_VISIBLE_DEVICES=$PROBE_GPU timeout $(( ${GEN_S:-420} + 60 )) python3 \
       scripts/gpu_cycle_probe.py --parts cycle,host,children --precisions checkpoint,bfloat16 \
       --budget $(( ${GEN_S:-420} - 60 )) > /root/probe.log 2>&1 &
@@ -109,7 +117,7 @@ gen)
   done
   wait
   tail -n 14 /root/gen-$SEED-*.log; ls -la /root/gen-*/
-  [[ -f /root/probe.log ]] && tail -n 30 /root/probe.log
+  [[ -f /root/probe.log ]] && tail -n ${PROBE_TAIL:-30} /root/probe.log
   # the answers come back (a few MB each) to be staged again by later sessions
   [[ -n ${OUT:-} ]] && for r in ${GEN_GPUS:-0 1}; do
     cp /root/gen-$SEED-$r/data.npz "$OUT/gen-$SEED-$r.npz"; done ;;
