@@ -6,7 +6,10 @@ which kinds of prompts a draft predicts worst (where more or other training data
 
 The held-out set is benchmarks/stage5/heldout.npz (255 answers, never trained on; its meta
 holds the record ids, whose prefix is the source). The figure is engine.train's validation:
-fixed anchors, greedy acceptance simulated from the draft's argmax (whole blocks).
+fixed anchors, greedy acceptance simulated from the draft's argmax (whole blocks), and beside
+it the decode walk (engine.train.loop.walk_tokens_per_cycle: the cycles a greedy decode of each
+answer runs, which the anchor mean overstates; scripts/cycle_walk.py compares both with real
+decoding).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from engine.bench.environment import machine_info, versions
 from engine.loading import load_draft_folder, load_target
 from engine.targets import adapter_for
 from engine.train.dataset import Dataset
-from engine.train.loop import TrainConfig, validate
+from engine.train.loop import TrainConfig, validate, walk_tokens_per_cycle
 from engine.train.objective import slot_weights
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -51,15 +54,20 @@ def main(argv: list[str] | None = None) -> int:
                           block_size=draft.args.block_size)
         weights = slot_weights(cfg.block_size, cfg.gamma)
         rows = {source: {**validate(draft, target, heldout.subset(idx), cfg, weights),
+                         "walk_tokens_per_cycle": walk_tokens_per_cycle(
+                             draft, target, heldout.subset(idx)),
                          "answers": len(idx)} for source, idx in sorted(by_source.items())}
         blocks = sum(r["blocks"] for r in rows.values())  # all sources: blocks-weighted
         rows["all"] = {"tokens_per_cycle": sum(r["tokens_per_cycle"] * r["blocks"]
                                                for r in rows.values()) / blocks,
+                       "walk_tokens_per_cycle": sum(r["walk_tokens_per_cycle"] * r["answers"]
+                                                    for r in rows.values()) / len(heldout),
                        "blocks": blocks, "answers": len(heldout)}
         report["drafts"][folder] = rows
         for source, row in rows.items():
             print(f"{folder}  {source:<14} tokens/cycle {row['tokens_per_cycle']:.2f}  "
-                  f"blocks {row['blocks']}", flush=True)
+                  f"decode walk {row['walk_tokens_per_cycle']:.2f}  blocks {row['blocks']}",
+                  flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -23,6 +23,7 @@ from engine.train.dataset import (
 from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
 from engine.train.objective import (
     Batch,
+    anchor_runs,
     block_loss,
     block_mask,
     make_batch,
@@ -31,6 +32,7 @@ from engine.train.objective import (
     target_taps,
     tokens_per_cycle,
     train_forward,
+    walk_cycles,
 )
 from engine.train.prompts import build_prompts
 
@@ -133,6 +135,52 @@ def test_tokens_per_cycle_counts_the_correct_run():
     assert blocks == 2 and total == (1 + 2) + (1 + 0)
 
 
+def test_walk_cycles_anchors_where_the_last_cycle_stopped():
+    # reply of 10 tokens: token 0 from prefill, cycles commit tokens 1..9
+    runs = [2, 0, 9, 4, 0, 0, 1, 0, 0]
+    assert walk_cycles(runs, 10) == [3, 5, 1]  # anchored at tokens 0, 3 and 8
+    assert walk_cycles(runs, 6) == [3, 2]  # the second cycle cut at the reply's end
+    assert walk_cycles([0] * 4, 5) == [1, 1, 1, 1]
+    assert walk_cycles([], 1) == []
+
+
+def test_simulated_walk_is_the_real_whole_block_decode(pair):
+    """In fp32 the training-side simulation (target features from one forward, a block at
+    every anchor) walks exactly the cycles a whole-block greedy decode runs on the same
+    reply. The draft first memorises the two replies, so cycles accept drafted tokens."""
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from engine.config import DFlashConfig
+
+    _, draft_dir, model, tokenizer = pair
+    draft = load_draft_folder(draft_dir)
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
+    rt = DFlashRuntime(model, tokenizer, draft, config)
+    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
+    replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]
+    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
+    w = slot_weights(draft.args.block_size, 7.0)
+    opt = optim.AdamW(learning_rate=1e-2)
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        batch = make_batch(data, [0, 1], 32, draft.args.block_size, draft.args.mask_token_id,
+                           rng)
+        taps = target_taps(rt.target, batch.tokens, draft.args.target_layer_ids)
+        loss, grads = nn.value_and_grad(
+            draft, lambda b=batch, t=taps: block_loss(draft, rt.target, b, t, w))()
+        opt.update(draft, grads)
+        mx.eval(loss, draft.parameters(), opt.state)
+    longest = 0
+    for prompt, reply in zip(prompts, replies):
+        result = rt.generate(prompt, max_tokens=32)
+        assert list(result.tokens) == reply
+        runs = anchor_runs(draft, rt.target, prompt + reply, len(prompt))
+        assert walk_cycles(runs, len(reply)) == list(result.cycle_tokens)
+        longest = max(longest, *result.cycle_tokens)
+    assert longest > 3  # cycles accepted drafted tokens: runs were really compared
+
+
 def test_few_steps_lower_the_loss(pair):
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -169,6 +217,7 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
             "--checkpoint-every", "3", "--val-size", "4", "--no-progress"]
     log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
     assert log["steps"] == 6 and log["val"] and log["final_val"]["tokens_per_cycle"] >= 1.0
+    assert log["final_val"]["walk_tokens_per_cycle"] >= 1.0  # the decode-like figure beside it
     assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 2]
@@ -513,3 +562,25 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
         counts = row["counts"]
         assert counts["steps"] > 0 and counts["fills"] >= 2 and counts["drops"] >= 2
         assert counts["row_steps"] >= counts["steps"] and counts["prefill_tokens"] >= 10
+
+
+def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    target_dir, draft_dir, *_ = pair
+    spec = importlib.util.spec_from_file_location(
+        "heldout_by_source", Path(__file__).parents[1] / "scripts" / "heldout_by_source.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(3)]
+    Dataset(seqs, [6, 8, 5], {"ids": ["sharegpt-1", "evals-7", "sharegpt-9"]}).save(
+        tmp_path / "heldout.npz")
+    out = tmp_path / "report.json"
+    assert script.main(["--draft", str(draft_dir), "--model", str(target_dir), "--heldout",
+                        str(tmp_path / "heldout.npz"), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["drafts"][str(draft_dir)]
+    assert sorted(rows) == ["all", "evals", "sharegpt"] and rows["sharegpt"]["answers"] == 2
+    for row in rows.values():
+        assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0

@@ -158,10 +158,50 @@ def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
 
 
-def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
-    """Simulated greedy acceptance: per block 1 + the run of correct argmax predictions
-    from slot 1 (exact for greedy data). -> (sum over real blocks, number of blocks)."""
+def block_runs(logits: mx.array, batch: Batch) -> mx.array:
+    """[N, A]: per block the run of correct argmax predictions from slot 1, so 1 + run is
+    what a greedy cycle anchored there commits (exact for greedy data)."""
     hit = (mx.argmax(logits, axis=-1) == batch.labels) * batch.valid
-    run = mx.cumprod(hit, axis=-1).sum(axis=-1)
+    return mx.cumprod(hit, axis=-1).sum(axis=-1)
+
+
+def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
+    """Simulated greedy acceptance averaged over the batch's anchors.
+    -> (sum of 1 + run over real blocks, number of blocks)."""
     real = batch.valid[:, :, 0]
-    return float(((1 + run) * real).sum()), int(real.sum())
+    return float(((1 + block_runs(logits, batch)) * real).sum()), int(real.sum())
+
+
+def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
+                prompt_len: int, chunk: int = 64) -> np.ndarray:
+    """The run (`block_runs`) of a block anchored at every response position of one sequence:
+    entry a is the anchor at prompt_len + a (target features from one forward, as in
+    training)."""
+    B, mask_id = draft.args.block_size, draft.args.mask_token_id
+    tokens = np.asarray(seq, np.int32)
+    taps = target_taps(target, mx.array(tokens[None]), draft.args.target_layer_ids)
+    runs = [np.zeros(0, np.int64)]
+    for lo in range(prompt_len, len(tokens) - 1, chunk):
+        anchors = np.arange(lo, min(lo + chunk, len(tokens) - 1), dtype=np.int32)[None]
+        pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
+        block = np.full((1, anchors.shape[1], B), mask_id, np.int32)
+        block[:, :, 0] = tokens[anchors]
+        batch = Batch(mx.array(tokens[None]), mx.array(block.reshape(1, -1)), mx.array(anchors),
+                      mx.array(tokens[np.minimum(pos, len(tokens) - 1)]),
+                      mx.array((pos < len(tokens)).astype(np.float32)))
+        runs.append(np.array(block_runs(slot_logits(draft, target, batch, taps), batch)[0]))
+    return np.concatenate(runs)
+
+
+def walk_cycles(runs: Sequence[int], n: int) -> list[int]:
+    """Tokens per cycle of a greedy decode of a reply of n tokens (token 0 from prefill),
+    given the run at every anchor: the first cycle anchors at token 0 and commits 1 + run
+    tokens (cut at the reply's end); the next anchors at the last token it committed.
+    Unlike the mean over all anchors, this weights the hard spots as decoding does: a long
+    run is one cycle, each miss another."""
+    cycles, a = [], 0
+    while a < n - 1:
+        step = min(1 + int(runs[a]), n - 1 - a)
+        cycles.append(step)
+        a += step
+    return cycles
