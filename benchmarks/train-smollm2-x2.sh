@@ -24,6 +24,7 @@
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
 #               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
+#               GEN_SHARES the phases' shares of GEN_S (--gen-shares, e.g. magpie=0.35);
 #               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
 #               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13), or
 #               with PROBE_PARTS="p q" those parts of benchmarks/run-gpu.sh there
@@ -35,7 +36,8 @@
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
-#               b with the extra taps TAPS_B (grow_taps) -> $OUT/a, $OUT/b
+#               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
+#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
 # halves (files come back under 16 MB each); the logs print to stdout.
 # Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
@@ -113,6 +115,7 @@ gen)
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
       --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} "${answered[@]}" \
+      ${GEN_SHARES:+--gen-shares "$GEN_SHARES"} \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done
   wait
@@ -142,7 +145,9 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
      # a keeps the draft's taps, b adds target layers (TAPS_B, a list holding INIT's taps)
   for v in a b; do
     gpu=0; taps=()
-    [[ $v == b ]] && gpu=1 && taps=(--taps "${TAPS_B:-1,5,10,14,18,22,27,29}")
+    if [[ $v == b ]]; then  # B_ARGS (e.g. "--gamma 3.5") instead of the extra taps
+      gpu=1; read -ra taps <<< "${B_ARGS:---taps ${TAPS_B:-1,5,10,14,18,22,27,29}}"
+    fi
     CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
       python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
       --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \

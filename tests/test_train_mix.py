@@ -298,3 +298,23 @@ def test_skip_answered_flag_reaches_the_collector_and_checks_its_files(tmp_path)
     assert cfg.gen_attention == "grouped" and cfg.gen_back_to_back
     with pytest.raises(ConfigError, match="--skip-answered"):
         train(cfg, say=lambda m: None)  # before any model loads
+
+
+def test_generation_time_shares_parse_and_bad_ones_are_refused(capsys):
+    from engine.train.collect import TIME_SHARES, parse_time_shares
+    from engine.train.loop import TrainConfig, build_parser
+
+    shares = parse_time_shares("magpie=0.4,templated=0")
+    assert shares["templated"] == 0 and abs(sum(shares.values()) - 1) < 1e-9
+    assert shares["magpie"] / shares["single"] == pytest.approx(0.4 / TIME_SHARES["single"])
+    assert parse_time_shares("") == pytest.approx(TIME_SHARES)
+    for bad, why in (("magpy=0.3", "unknown phase"), ("single=x", "as a number"),
+                     ("single=-1", "negative")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--model", "m", "--out", "o", "--gen-shares", bad])
+        assert why in capsys.readouterr().err
+    args = vars(build_parser().parse_args(["--model", "m", "--out", "o", "--gamma", "3.5",
+                                           "--gen-shares", "magpie=0.35"]))
+    cfg = TrainConfig(**args)
+    assert cfg.gamma == 3.5 and cfg.gen_shares == "magpie=0.35"
+    assert TrainConfig(model="m", out="o").gamma == 7.0

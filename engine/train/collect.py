@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,29 @@ class MixConfig:
     attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
     in_place: bool = True  # each decode step queued after the last (generate.RunningBatch)
     skip_answered: tuple[str, ...] = ()  # datasets (.npz) whose prompts are not asked again
+    time_shares: dict[str, float] = field(default_factory=lambda: dict(TIME_SHARES))
+
+
+def parse_time_shares(text: str) -> dict[str, float]:
+    """'single=0.4,magpie=0.35' -> every phase's share of the time budget (phases not named
+    keep their default share), scaled to sum to 1."""
+    shares = dict(TIME_SHARES)
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in shares:
+            raise ValueError(f"unknown phase {name!r} in {text!r}: the phases are "
+                             f"{', '.join(PHASES)}")
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            raise ValueError(f"{item!r}: give each phase's share as a number, e.g. "
+                             f"single=0.4") from None
+        if shares[name] < 0:
+            raise ValueError(f"{item!r}: a share cannot be negative")
+    total = sum(shares.values())
+    if total <= 0:
+        raise ValueError(f"{text!r}: the shares add up to nothing")
+    return {k: v / total for k, v in shares.items()}
 
 
 class Answered:
@@ -250,7 +273,7 @@ class Collector:
         spent_share = 0.0
         for phase in PHASES:
             path = self.state_dir / f"data-{phase}.npz"
-            spent_share += TIME_SHARES[phase]
+            spent_share += cfg.time_shares[phase]
             if path.is_file():
                 parts[phase] = Dataset.load(path)
                 self.say(f"{phase}: reusing {path} ({len(parts[phase])} sequences)")

@@ -85,6 +85,7 @@ class TrainConfig:
     gen_token_budget: int = 1 << 18  # prompt + answer tokens per generation batch
     gen_attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
     gen_back_to_back: bool = False  # queue decode steps back to back (the old loop)
+    gen_shares: str | None = None  # phase=share,... of the generation time (collect.py)
     skip_answered: list[str] = field(default_factory=list)  # datasets not to ask again
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
@@ -106,9 +107,12 @@ class TrainConfig:
     distributed: str | None = None  # data-parallel over mx.distributed with this backend
     seed: int = 0
     progress: bool = True
+    loss_gamma: float | None = None  # slot weights exp(-(k-1)/gamma); default by block size
 
     @property
     def gamma(self) -> float:
+        if self.loss_gamma is not None:
+            return self.loss_gamma
         return GAMMAS.get(self.block_size, 7.0 * self.block_size / 16)
 
 
@@ -287,14 +291,15 @@ def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: 
         model, tokenizer, _ = load_target(cfg.model, cfg.gen_dtype)
     data_path.parent.mkdir(parents=True, exist_ok=True)
     if cfg.prompts_file:
-        from .collect import Collector, MixConfig
+        from .collect import Collector, MixConfig, parse_time_shares
 
         index, count = (int(x) for x in cfg.prompt_slice.split("/"))
+        shares = parse_time_shares(cfg.gen_shares or "")
         mix = MixConfig(cfg.prompts_file, cfg.num_prompts, cfg.max_len, cfg.gen_batch,
                         cfg.gen_token_budget, cfg.gen_seconds, cfg.prompt_seed, (index, count),
                         cfg.eval_dir, attention=cfg.gen_attention,
                         in_place=not cfg.gen_back_to_back,
-                        skip_answered=tuple(cfg.skip_answered))
+                        skip_answered=tuple(cfg.skip_answered), time_shares=shares)
         data, heldout = Collector(model, tokenizer, mix, data_path.parent / "phases",
                                   say).run()
         heldout.save(heldout_path)
@@ -638,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-back-to-back", action="store_true",
                    help="queue data generation's decode steps back to back (the old loop: "
                         "each step then copies the KV cache, see generate.RunningBatch)")
+    p.add_argument("--gen-shares", type=_checked_shares, metavar="PHASE=SHARE,...",
+                   help="shares of --gen-seconds per phase (heldout, single, multiturn, magpie, "
+                        "templated; unnamed ones keep their default), e.g. magpie=0.35")
     p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
                    help="datasets whose prompts the real-prompt mix does not ask again")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
@@ -666,9 +674,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", metavar="BACKEND", choices=["nccl", "ring", "jaccl", "mpi"],
                    help="data-parallel training over mx.distributed (one process per GPU or "
                         "host, e.g. started by mlx.launch); every rank reads the same data")
+    p.add_argument("--gamma", dest="loss_gamma", type=float, metavar="G",
+                   help="slot k's loss weight is exp(-(k-1)/G) (default: 7 for 16-token "
+                        "blocks); a smaller G puts more weight on the first slots")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
+
+
+def _checked_shares(text: str) -> str:
+    from .collect import parse_time_shares
+
+    try:
+        parse_time_shares(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def train_draft_main(argv: Sequence[str] | None = None) -> int:
