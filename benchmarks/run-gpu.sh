@@ -6,6 +6,8 @@
 #   PART=smollm2 the SmolLM2 pair: three suites at 256 tokens, 512-token rows, the
 #                1024 -> 4096 token scaling row (DRAFT=folder picks the draft; the
 #                wholeblock rows: ARGS="--min-confidence off --draft-vocab off" SUFFIX=-wholeblock)
+#   PART=rows    the README's H200 rows only: three suites at 256 tokens, 10 prompts
+#                (DRAFT, ARGS and SUFFIX as for smollm2)
 #   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
 #   PART=sampled the three suites at temperature 0.7
 #   PART=cost-quick the cost checks that fit beside answer generation (train-smollm2-x2.sh
@@ -48,6 +50,10 @@ smollm2)
   for n in 1024 4096; do
     bench --suite gsm8k --limit 1 --max-tokens $n --no-eos --json "$OUT/smollm2-gsm8k-$n${SUFFIX:-}-h200.json"
   done ;;
+rows)  # the H200 rows of the README with a new draft (beside answer generation)
+  for suite in mt-bench humaneval gsm8k; do
+    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
+  done ;;
 cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known acceptance
   step 360 python3 scripts/gpu_cycle_probe.py
   for k in 8 4; do
@@ -74,6 +80,6 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|cost|cost-quick|sources|sampled|gen-profile" >&2; exit 2 ;;
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|sources|sampled|gen-profile" >&2; exit 2 ;;
 esac
 exit 0
