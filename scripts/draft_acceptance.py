@@ -4,9 +4,17 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
 
     python scripts/draft_acceptance.py --draft engine/drafts/smollm2-135m-instruct-dflash \
         --draft other/folder --limit 4 --json benchmarks/draft-acceptance-cpu.json
+    python scripts/draft_acceptance.py --draft D --limit 8 --walk \
+        --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
 
 Reports per suite and draft: tokens/cycle, non-loop tokens/cycle and the repeated-4-gram
 share (engine.bench.metrics). The JSON records the command line that made it.
+
+--walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
+(1 + run averaged over a block anchored at every reply position: what training's validation
+reports, there on random anchors) and the walk (`engine.train.objective.walk_cycles`: the cycles
+a decode runs, anchored at token 0 and then wherever the last cycle stopped), beside the real
+cycles. --heldout simulates held-out answers the same way (no real decode).
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ from engine.bench.suites import SUITES, load_prompts
 from engine.config import DFlashConfig
 from engine.loading import load_draft_folder
 from engine.runtime import DFlashRuntime
+from engine.train.dataset import Dataset
+from engine.train.objective import simulate_answer
 
 
 def mean(runs: list[dict], key: str) -> float:
-    values = [r[key] for r in runs if r[key] is not None]
+    values = [r[key] for r in runs if r.get(key) is not None]
     return sum(values) / len(values) if values else float("nan")
 
 
@@ -36,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite (repeatable; default: all three)")
     p.add_argument("--limit", type=int, default=4, help="first N prompts of each suite")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--walk", action="store_true",
+                   help="also simulate each reply as training does (anchor mean, decode walk)")
+    p.add_argument("--heldout", help="also simulate these answers (a Dataset .npz)")
+    p.add_argument("--heldout-limit", type=int, default=64)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
@@ -44,28 +58,45 @@ def main(argv: list[str] | None = None) -> int:
               "settings": "whole blocks, full vocabulary, greedy", "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
-        rt = DFlashRuntime(base.model, base.tokenizer, load_draft_folder(Path(folder)), config,
-                           target=base.target)
+        draft = load_draft_folder(Path(folder))
+        rt = DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
         rows = {}
         for suite in args.suite or sorted(SUITES):
             prompts, _ = load_prompts(suite=suite, limit=args.limit)
             runs = []
             for prompt in prompts:
-                result = rt.generate([{"role": "user", "content": prompt.text}],
-                                     max_tokens=args.max_tokens)
+                messages = [{"role": "user", "content": prompt.text}]
+                result = rt.generate(messages, max_tokens=args.max_tokens)
                 start = loop_start(result.tokens)
-                runs.append({"prompt_id": prompt.id, "tokens": len(result.tokens),
-                             "tokens_per_cycle": result.tokens_per_cycle,
-                             "tokens_per_cycle_nonloop":
-                                 nonloop_tokens_per_cycle(result.cycle_tokens, start),
-                             "repeat4_share": repeated_ngram_share(result.tokens)})
-            rows[suite] = {k: mean(runs, k) for k in ("tokens_per_cycle",
-                                                      "tokens_per_cycle_nonloop",
-                                                      "repeat4_share")}
+                run = {"prompt_id": prompt.id, "tokens": len(result.tokens),
+                       "tokens_per_cycle": result.tokens_per_cycle,
+                       "tokens_per_cycle_nonloop":
+                           nonloop_tokens_per_cycle(result.cycle_tokens, start),
+                       "repeat4_share": repeated_ngram_share(result.tokens)}
+                if args.walk:
+                    ids = rt.encode(messages)
+                    run.update(real_cycles=list(result.cycle_tokens),
+                               **simulate_answer(draft, base.target,
+                                                 ids + list(result.tokens), len(ids)))
+                runs.append(run)
+            keys = ["tokens_per_cycle", "tokens_per_cycle_nonloop", "repeat4_share"]
+            if args.walk:
+                keys += ["walk", "anchor_mean"]
+            rows[suite] = {k: mean(runs, k) for k in keys}
             rows[suite]["runs"] = runs
+            walked = (f"  walk {rows[suite]['walk']:.2f}  anchor mean "
+                      f"{rows[suite]['anchor_mean']:.2f}") if args.walk else ""
             print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}  "
                   f"non-loop {rows[suite]['tokens_per_cycle_nonloop']:.2f}  "
-                  f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}", flush=True)
+                  f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}{walked}", flush=True)
+        if args.heldout:
+            data = Dataset.load(Path(args.heldout))
+            runs = [simulate_answer(draft, base.target, data.sequences[i], data.prompt_lens[i])
+                    for i in range(min(args.heldout_limit, len(data)))]
+            rows["heldout"] = {"walk": mean(runs, "walk"), "anchor_mean": mean(runs, "anchor_mean"),
+                               "answers": len(runs), "runs": runs}
+            print(f"{folder}  heldout   walk {rows['heldout']['walk']:.2f}  anchor mean "
+                  f"{rows['heldout']['anchor_mean']:.2f}  ({len(runs)} answers)", flush=True)
         report["drafts"][folder] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

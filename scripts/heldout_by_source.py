@@ -8,8 +8,8 @@ The held-out set is benchmarks/stage5/heldout.npz (255 answers, never trained on
 holds the record ids, whose prefix is the source). The figure is engine.train's validation:
 fixed anchors, greedy acceptance simulated from the draft's argmax (whole blocks), and beside
 it the decode walk (engine.train.loop.walk_tokens_per_cycle: the cycles a greedy decode of each
-answer runs, which the anchor mean overstates; scripts/cycle_walk.py compares both with real
-decoding).
+answer runs, which the anchor mean overstates; `scripts/draft_acceptance.py --walk` compares
+both with real decoding).
 """
 
 from __future__ import annotations

@@ -37,6 +37,18 @@ from engine.train.objective import (
 from engine.train.prompts import build_prompts
 
 
+def load_script(name: str):
+    """A module of scripts/ (they are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("train"))
@@ -476,17 +488,12 @@ def test_token_ranking_counts_responses_only(tmp_path):
 
 
 def test_token_ranking_script_writes_a_loadable_ranking(pair, tmp_path):
-    import importlib.util
     import shutil
-    from pathlib import Path
 
     from engine.loading import read_token_ranking
 
     _, draft_dir, *_ = pair
-    spec = importlib.util.spec_from_file_location(
-        "token_ranking_script", Path(__file__).parents[1] / "scripts" / "token_ranking.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("token_ranking")
     draft = tmp_path / "draft"
     shutil.copytree(draft_dir, draft)
     Dataset([[1, 2, 3, 3]], [2]).save(tmp_path / "a.npz")
@@ -528,14 +535,8 @@ def test_data_parallel_training_keeps_ranks_in_step(pair, tmp_path):
 
 
 def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
-    import importlib.util
-    import os
-
     target_dir, *_ = pair
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "gen_profile.py")
-    spec = importlib.util.spec_from_file_location("gen_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("gen_profile")
     report = module.profile(str(target_dir), "float32", [2, 3], [8], steps=2, sdpa_reps=2,
                             running_width=4, running_prompts=10, max_new=6,
                             running_seconds=None, prompts_file=None, prompt_median=6)
@@ -565,14 +566,8 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
 
 
 def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_path):
-    import importlib.util
-    from pathlib import Path
-
     target_dir, draft_dir, *_ = pair
-    spec = importlib.util.spec_from_file_location(
-        "heldout_by_source", Path(__file__).parents[1] / "scripts" / "heldout_by_source.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("heldout_by_source")
     rng = np.random.default_rng(0)
     seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(3)]
     Dataset(seqs, [6, 8, 5], {"ids": ["sharegpt-1", "evals-7", "sharegpt-9"]}).save(

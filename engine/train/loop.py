@@ -43,15 +43,14 @@ from .dataset import (
 )
 from .generate import generate_dataset
 from .objective import (
-    anchor_runs,
     block_loss,
     low_precision_head,
     make_batch,
+    simulate_answer,
     slot_logits,
     slot_weights,
     target_taps,
     tokens_per_cycle,
-    walk_cycles,
 )
 
 GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -265,13 +264,10 @@ def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Datase
     """Tokens/cycle of the greedy decode each held-out answer would get, averaged over answers
     as the benchmark averages its runs. The anchor mean of `validate` overstates it: a
     decode's cycles start after misses, where the draft does worst."""
-    per_answer = []
-    for seq, plen in zip(val.sequences, val.prompt_lens):
-        n = len(seq) - plen
-        cycles = walk_cycles(anchor_runs(draft, target, seq, plen), n)
-        if cycles:
-            per_answer.append((n - 1) / len(cycles))
-    return sum(per_answer) / max(len(per_answer), 1)
+    walks = [simulate_answer(draft, target, seq, plen)["walk"]
+             for seq, plen in zip(val.sequences, val.prompt_lens)]
+    walks = [w for w in walks if w is not None]
+    return sum(walks) / max(len(walks), 1)
 
 
 def data_names(paths: Sequence[Path]) -> list[str]:
