@@ -26,6 +26,17 @@ gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 step() { echo "== $*"; timeout "$1" "${@:2}" 2>&1 | tail -${TAIL:-25}; }
 DRAFT=${DRAFT:-engine/drafts/smollm2-135m-instruct-dflash}
 bench() { step 200 python3 -m engine.cli benchmark --draft "$DRAFT" ${ARGS:-} "$@"; }
+rows() {  # the README's H200 rows: three suites at 256 tokens
+  for suite in mt-bench humaneval gsm8k; do
+    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
+  done
+}
+oracle_rows() {  # the cycle's cost at 8 and 4 tokens/cycle, whatever the draft proposes
+  for k in 8 4; do
+    bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos --oracle-tokens-per-cycle $k \
+      --json "$OUT/smollm2-oracle$k-h200.json"
+  done
+}
 case "${PART:-}" in
 setup)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
@@ -41,9 +52,7 @@ kernels)
   step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
     --max-tokens 256 --json "$OUT/synthetic-qwen3.5-9b-h200.json" ;;
 smollm2)
-  for suite in mt-bench humaneval gsm8k; do
-    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
-  done
+  rows
   for suite in humaneval gsm8k; do
     bench --suite "$suite" --limit 5 --max-tokens 512 --json "$OUT/smollm2-$suite-512${SUFFIX:-}-h200.json"
   done
@@ -51,25 +60,17 @@ smollm2)
     bench --suite gsm8k --limit 1 --max-tokens $n --no-eos --json "$OUT/smollm2-gsm8k-$n${SUFFIX:-}-h200.json"
   done ;;
 rows)  # the H200 rows of the README with a new draft (beside answer generation)
-  for suite in mt-bench humaneval gsm8k; do
-    bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
-  done ;;
+  rows ;;
 cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known acceptance
   step 360 python3 scripts/gpu_cycle_probe.py
-  for k in 8 4; do
-    bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos --oracle-tokens-per-cycle $k \
-      --json "$OUT/smollm2-oracle$k-h200.json"
-  done
+  oracle_rows
   step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
     --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
 cost-quick)  # issue 13 on a GPU left free while the other generates
   MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts cycle,host,children \
     --out "$OUT/gpu-cycle-probe-quick-h200.json" --precisions checkpoint --budget 160 --child-budget 50 \
     --child-envs "MLX_MAX_OPS_PER_BUFFER=${OPS_A:-100}:cycle:checkpoint;MLX_MAX_OPS_PER_BUFFER=${OPS_B:-400}:cycle:checkpoint"
-  for k in 8 4; do
-    bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos --oracle-tokens-per-cycle $k \
-      --json "$OUT/smollm2-oracle$k-h200.json"
-  done ;;
+  oracle_rows ;;
 sources)  # issue 12: which prompt sources the draft predicts worst
   drafts=(--draft "$DRAFT"); [[ -n ${DRAFT_B:-} ]] && drafts+=(--draft "$DRAFT_B")
   TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
