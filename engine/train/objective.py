@@ -30,7 +30,7 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
     """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
     short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
     a response shorter than that repeats its first anchor with no loss."""
-    B, N = block_size, len(idx)
+    N = len(idx)
     most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
     A = max(1, min(n_anchors, -(-most // 8) * 8))
     longest = max(len(data.sequences[i]) for i in idx)
@@ -45,9 +45,17 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
         pick = np.sort(rng.choice(cands, min(A, len(cands)), replace=False))
         anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
         real[n, : len(pick)] = True
-    lengths = np.array([len(data.sequences[i]) for i in idx])[:, None, None]
+    lengths = np.array([len(data.sequences[i]) for i in idx])
+    return anchored_batch(tokens, anchors, lengths, real, block_size, mask_id)
+
+
+def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
+                   real: np.ndarray, block_size: int, mask_id: int) -> Batch:
+    """The blocks at given anchors: tokens [N, T] (right-padded), anchors [N, A], each
+    sequence's length [N], `real` [N, A] marking anchors that count (the rest repeat one)."""
+    (N, T), A, B = tokens.shape, anchors.shape[1], block_size
     pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
-    valid = (pos < lengths) & real[:, :, None]
+    valid = (pos < lengths[:, None, None]) & real[:, :, None]
     labels = np.take_along_axis(tokens, np.minimum(pos, T - 1).reshape(N, -1), 1).reshape(pos.shape)
     block = np.full((N, A, B), mask_id, np.int32)
     block[:, :, 0] = np.take_along_axis(tokens, anchors, 1)
@@ -177,18 +185,14 @@ def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
     """The run (`block_runs`) of a block anchored at every response position of one sequence:
     entry a is the anchor at prompt_len + a (target features from one forward, as in
     training)."""
-    B, mask_id = draft.args.block_size, draft.args.mask_token_id
-    tokens = np.asarray(seq, np.int32)
-    taps = target_taps(target, mx.array(tokens[None]), draft.args.target_layer_ids)
+    tokens = np.asarray(seq, np.int32)[None]
+    length = np.array([tokens.shape[1]])
+    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
     runs = [np.zeros(0, np.int64)]
-    for lo in range(prompt_len, len(tokens) - 1, chunk):
-        anchors = np.arange(lo, min(lo + chunk, len(tokens) - 1), dtype=np.int32)[None]
-        pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
-        block = np.full((1, anchors.shape[1], B), mask_id, np.int32)
-        block[:, :, 0] = tokens[anchors]
-        batch = Batch(mx.array(tokens[None]), mx.array(block.reshape(1, -1)), mx.array(anchors),
-                      mx.array(tokens[np.minimum(pos, len(tokens) - 1)]),
-                      mx.array((pos < len(tokens)).astype(np.float32)))
+    for lo in range(prompt_len, length[0] - 1, chunk):
+        anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
+        batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
+                               draft.args.block_size, draft.args.mask_token_id)
         runs.append(np.array(block_runs(slot_logits(draft, target, batch, taps), batch)[0]))
     return np.concatenate(runs)
 
