@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainConfig(model=args.model, out="", batch=8, anchors=96,
                           block_size=draft.args.block_size)
         weights = slot_weights(cfg.block_size, cfg.gamma)
-        rows = {source: {**validate(draft, target, heldout.subset(idx), cfg, weights),
-                         "walk_tokens_per_cycle": walk_tokens_per_cycle(
-                             draft, target, heldout.subset(idx)),
-                         "answers": len(idx)} for source, idx in sorted(by_source.items())}
+        rows = {}
+        for source, idx in sorted(by_source.items()):
+            answers = heldout.subset(idx)
+            rows[source] = {**validate(draft, target, answers, cfg, weights),
+                            "walk_tokens_per_cycle": walk_tokens_per_cycle(draft, target, answers),
+                            "answers": len(idx)}
         blocks = sum(r["blocks"] for r in rows.values())  # all sources: blocks-weighted
         rows["all"] = {"tokens_per_cycle": sum(r["tokens_per_cycle"] * r["blocks"]
                                                for r in rows.values()) / blocks,

@@ -555,9 +555,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
     _write_log(log, log_path, step, total, gen_s, log_start, t0)
-    walk = final.get("walk_tokens_per_cycle")
-    say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f}"
-        + (f" (decode walk {walk:.2f})" if walk is not None else "") + f", checkpoint {out}")
+    say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (decode walk "
+        f"{final['walk_tokens_per_cycle']:.2f}), checkpoint {out}")
     return log
 
 
