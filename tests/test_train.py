@@ -29,6 +29,8 @@ from engine.train.objective import (
     make_batch,
     slot_logits,
     slot_weights,
+    soft_labels,
+    target_features,
     target_taps,
     tokens_per_cycle,
     train_forward,
@@ -216,6 +218,70 @@ def test_few_steps_lower_the_loss(pair):
         first = float(loss) if first is None else first
     assert float(loss) < first * 0.8
     assert slot_logits(draft, target, batch, taps).shape[-2] == draft.args.block_size - 1
+
+
+def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
+    """On greedy data the target's own distribution at every slot peaks at that slot's label:
+    the soft labels sit at the right positions, and the taps are the plain forward's."""
+    _, draft_dir, model, tokenizer = pair
+    draft = load_draft_folder(draft_dir)
+    rt = DFlashRuntime(model, tokenizer, draft)
+    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
+    replies = [list(rt.generate(p, max_tokens=24, speculative=False).tokens) for p in prompts]
+    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
+    batch = make_batch(data, [0, 1], 16, draft.args.block_size, draft.args.mask_token_id,
+                       np.random.default_rng(3))
+    ids = draft.args.target_layer_ids
+    taps, final = target_features(rt.target, batch.tokens, ids, final=True)
+    assert mx.array_equal(taps, target_taps(rt.target, batch.tokens, ids))
+    soft = soft_labels(final, batch, rt.target.lm_head)
+    assert soft.shape == (*batch.labels.shape, rt.target.vocab_size)
+    valid = np.array(batch.valid) > 0
+    assert valid.sum() > 100
+    hits = np.array(mx.argmax(soft, axis=-1) == batch.labels)
+    assert hits[valid].all()
+
+
+def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair):
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    rng = np.random.default_rng(0)
+    data = Dataset([rng.integers(4, 300, size=40).tolist() for _ in range(3)], [8] * 3)
+    batch = make_batch(data, range(3), 8, draft.args.block_size, draft.args.mask_token_id, rng)
+    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+    w = slot_weights(draft.args.block_size, 7.0)
+    hard = block_loss(draft, target, batch, taps, w)
+    onehot = 1e4 * (mx.arange(target.vocab_size) == batch.labels[..., None])
+    spread = mx.zeros(onehot.shape)  # uniform: the loss is the mean negative log-probability
+    assert block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=0.0) == hard
+    assert mx.allclose(block_loss(draft, target, batch, taps, w, soft=onehot, soft_weight=1.0),
+                       hard, rtol=1e-5)
+    uniform = block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=1.0)
+    half = block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=0.5)
+    assert not mx.allclose(uniform, hard)
+    assert mx.allclose(half, (hard + uniform) / 2, rtol=1e-5)
+
+
+def test_distill_share_is_checked_and_trains(pair, tmp_path, capsys):
+    target_dir, *_ = pair
+    for bad in ("1.5", "-0.1", "half"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--model", "m", "--out", "o", "--distill", bad])
+        assert "between 0 and 1" in capsys.readouterr().err
+    data = tmp_path / "data.npz"
+    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+
+    def run(out: str, *extra: str) -> dict:
+        argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
+                "--taps", "1", "--steps", "4", "--batch", "2", "--anchors", "2",
+                "--data", str(data), "--val-size", "2", "--val-every", "100", "--no-progress",
+                *extra]
+        return train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+
+    plain, distilled = run("plain"), run("distilled", "--distill", "0.5")
+    assert distilled["config"]["distill"] == 0.5 and distilled["steps"] == 4
+    assert distilled["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_train_end_to_end_round_trips(pair, tmp_path):

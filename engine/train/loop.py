@@ -49,6 +49,8 @@ from .objective import (
     simulate_answer,
     slot_logits,
     slot_weights,
+    soft_labels,
+    target_features,
     target_taps,
     tokens_per_cycle,
 )
@@ -107,6 +109,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     loss_gamma: float | None = None  # slot weights exp(-(k-1)/gamma); default by block size
+    distill: float = 0.0  # share of the loss against the target's distribution (soft_labels)
 
     @property
     def gamma(self) -> float:
@@ -419,8 +422,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
-    loss_and_grad = nn.value_and_grad(draft, lambda b, t: block_loss(draft, target, b, t,
-                                                                      weights, head))
+    loss_and_grad = nn.value_and_grad(draft, lambda b, t, s: block_loss(
+        draft, target, b, t, weights, head, s, cfg.distill))
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
     earlier: dict[str, Any] = {}  # the log of the run this one resumes
     if cfg.resume and (state_dir / "step.json").is_file():
@@ -480,10 +483,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
             _lap(clock, phase_ms, "batch")
-            taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
-            _lap(clock, phase_ms, "target", taps)
+            taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
+                                          final=cfg.distill > 0)
+            soft = None if final is None else soft_labels(final, batch, head)
+            _lap(clock, phase_ms, "target", taps, *([] if soft is None else [soft]))
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
-            loss, grads = loss_and_grad(batch, taps)
+            loss, grads = loss_and_grad(batch, taps, soft)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
@@ -672,9 +677,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", dest="loss_gamma", type=float, metavar="G",
                    help="slot k's loss weight is exp(-(k-1)/G) (default: 7 for 16-token "
                         "blocks); a smaller G puts more weight on the first slots")
+    p.add_argument("--distill", type=_share, default=d.distill, metavar="W",
+                   help="train a W share of the loss (0..1) against the target's own "
+                        "next-token distribution instead of its greedy token alone")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share between 0 and 1, e.g. 0.5")
+    return value
 
 
 def _checked_shares(text: str) -> str:

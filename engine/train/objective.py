@@ -1,5 +1,6 @@
 """The DFlash training objective: anchored blocks, the block mask, the draft's training
-forward and the decay-weighted cross-entropy over slots 1..B-1."""
+forward and the decay-weighted cross-entropy over slots 1..B-1 (against the data's tokens,
+optionally mixed with the target's own next-token distribution: `soft_labels`)."""
 
 from __future__ import annotations
 
@@ -124,8 +125,21 @@ def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, ancho
 
 def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
     """Frozen target features of whole sequences (one forward, no gradient)."""
-    _, taps = target.forward(tokens, target.make_cache(), tap_ids, last_only=True)
-    return mx.stop_gradient(taps)
+    return target_features(target, tokens, tap_ids)[0]
+
+
+def target_features(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int],
+                    final: bool = False) -> tuple[mx.array, mx.array | None]:
+    """`target_taps`, and with `final` the target's normed last hidden states [N, T, H] from
+    the same forward (what its lm_head reads: `soft_labels`)."""
+    last = len(target.layers) - 1
+    ids = [*tap_ids, last] if final else list(tap_ids)
+    _, feats = target.forward(tokens, target.make_cache(), ids, last_only=True)
+    feats = mx.stop_gradient(feats)
+    if not final:
+        return feats, None
+    H = feats.shape[-1] // len(ids)
+    return feats[..., :-H], target.inner.norm(feats[..., -H:])
 
 
 Head = Callable[[mx.array], mx.array]
@@ -157,11 +171,28 @@ def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: m
     return (head or target.lm_head)(hidden)
 
 
+def soft_labels(final: mx.array, batch: Batch, head: Head) -> mx.array:
+    """The target's own next-token logits for every slot [N, A, B-1, V]: slot k's token sits
+    at anchor + k, so the target's logits at anchor + k - 1 predict it (their argmax is the
+    label on greedy data)."""
+    N, A, K = batch.labels.shape
+    pos = mx.minimum(batch.anchors[:, :, None] + mx.arange(K)[None, None], final.shape[1] - 1)
+    hidden = mx.take_along_axis(final, pos.reshape(N, A * K)[..., None], axis=1)
+    return mx.stop_gradient(head(hidden).reshape(N, A, K, -1))
+
+
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-               weights: mx.array, head: Head | None = None) -> mx.array:
+               weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
+               soft_weight: float = 0.0) -> mx.array:
+    """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
+    `soft_weight` share of it against the target's whole distribution instead, which also
+    says how close the runner-up tokens were."""
     logits = slot_logits(draft, target, batch, taps, head).astype(mx.float32)
-    picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
-    ce = mx.logsumexp(logits, axis=-1) - picked
+    norm = mx.logsumexp(logits, axis=-1)
+    ce = norm - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
+    if soft is not None and soft_weight > 0:
+        p = mx.softmax(soft.astype(mx.float32), axis=-1)
+        ce = (1 - soft_weight) * ce + soft_weight * (norm - (p * logits).sum(axis=-1))
     w = batch.valid * weights
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
 
