@@ -230,6 +230,17 @@ def forward_part(rt: Any, ctx: int, iters: int) -> dict:
 
 
 # -- cycle ----------------------------------------------------------------------------------
+def host_laps(walls: list[float], laps: list[Any]) -> dict:
+    """Where an unsynced cycle's wall time goes, from the host's side (PhaseClock laps):
+    building the draft and the verify graphs, then waiting for the verify on the device plus
+    building the rollback ("wait_and_rollback"), and what runs outside the cycle between two
+    commits (the runtime's detokenising and events: "outside")."""
+    ms = {"draft_build": [c.draft_s for c in laps], "verify_build": [c.verify_s for c in laps],
+          "wait_and_rollback": [c.rollback_s for c in laps],
+          "outside": [w - c.draft_s - c.verify_s - c.rollback_s for w, c in zip(walls, laps)]}
+    return {k: (med(v) or 0) * 1e3 for k, v in ms.items()}
+
+
 def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
     from engine.bench.timing import first_mismatch, run_baseline
     from engine.events import Finished
@@ -246,20 +257,22 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
                      "baseline_text": rt.tokenizer.decode(base.tokens[:40])}
         for label, cut in (("wholeblock", None), ("cut0.4", 0.4)):
             rt.min_confidence = cut
-            walls, last, result = [], None, None
+            walls, laps, last, result = [], [], None, None
             for event in rt.stream_generate(ids, max_tokens=max_tokens, no_eos=True):
                 now = time.perf_counter()
                 if isinstance(event, Finished):
                     result = event.result
                 elif event.cycle is not None and last is not None:
                     walls.append(now - last)
+                    laps.append(event.cycle)
                 last = now
             assert result is not None
             row[label] = {"decode_tok_s": result.decode_tokens_per_second,
                           "tokens_per_cycle": result.tokens_per_cycle,
                           "first_mismatch": first_mismatch(base.tokens, result.tokens),
                           "cycle_wall_first3_ms": [w * 1e3 for w in walls[:3]],
-                          "cycle_wall_median_ms": (med(walls) or 0) * 1e3}
+                          "cycle_wall_median_ms": (med(walls) or 0) * 1e3,
+                          "host_laps_median_ms": host_laps(walls, laps)}
             row[label]["speedup_decode"] = (row[label]["decode_tok_s"]
                                             / max(base.decode_tokens_per_second, 1e-9))
         rt.min_confidence = None

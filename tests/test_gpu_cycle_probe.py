@@ -31,6 +31,9 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     cycle = row["cycle"]["prompt0"]
     assert cycle["wholeblock"]["first_mismatch"] is None  # float32: plain greedy, bit for bit
     assert set(cycle["profiled_wholeblock_ms_per_cycle"]) == {"draft", "verify", "rollback"}
+    laps = cycle["wholeblock"]["host_laps_median_ms"]
+    assert set(laps) == {"draft_build", "verify_build", "wait_and_rollback", "outside"}
+    assert all(v > 0 for k, v in laps.items() if k != "outside")
     # q-bfloat16 needs the offline GGUF: recorded as an error, the run goes on.
     assert "offline SmolLM2 GGUF" in report["precisions"]["q-bfloat16"]["error"]
 
