@@ -17,6 +17,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from .device import current
 from .kernels import cpu_swiglu
+from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
 
 
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -172,7 +173,7 @@ class DraftAttention(nn.Module):
         keys = mx.concatenate([ctx_k, k], axis=2)
         values = mx.concatenate([ctx_v, v], axis=2)
         # No mask: the block is bidirectional and sees all of its context.
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale)
+        out = block_sdpa(q, keys, values, self.scale)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

@@ -75,6 +75,17 @@ def blas_info() -> dict:
             "blas_libraries_loaded": mapped}
 
 
+SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_BLAS")
+
+
+def switches() -> dict:
+    """The environment settings that change how the engine or MLX computes (MLX_*, and the
+    engine's kernel switches), as this process sees them."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("MLX_") or k in SWITCHES}
+
+
 def environment() -> dict:
-    """{"machine", "versions", "blas"}: merged into every report."""
-    return {"machine": machine_info(), "versions": versions(), "blas": blas_info()}
+    """{"machine", "versions", "blas", "switches"}: merged into every report."""
+    return {"machine": machine_info(), "versions": versions(), "blas": blas_info(),
+            "switches": switches()}

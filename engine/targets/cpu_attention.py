@@ -10,6 +10,8 @@ matmul: the output is MLX's bit for bit (tests/test_cpu_softmax.py).
 The engine calls it only from its own layer forwards: `attention_call(module)` is the
 module's own mlx-lm `__call__` code, rebound to globals where `scaled_dot_product_attention`
 is ours; mlx-lm's modules and functions stay untouched for everyone else in the process.
+On CUDA the same rebinding sends a verify block's attention to one fused kernel
+(engine/kernels/cuda_attention.py) when DFLASH_GPU_ATTENTION=kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models import base, llama, qwen2, qwen3, qwen3_next
 
 from ..device import current
-from ..kernels import cpu_softmax
+from ..kernels import cpu_softmax, cuda_attention
 
 # Attention modules whose __call__ reaches attention through their module's global
 # scaled_dot_product_attention (qwen3_5's full-attention layers are Qwen3NextAttention).
@@ -73,18 +75,34 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
                                              mask=mask, sinks=sinks)
 
 
-_calls: dict[type, Callable[..., mx.array]] = {}
+def cuda_scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """The same on CUDA, through cuda_attention's block kernel where it applies (a verify)."""
+    if not hasattr(cache, "bits") and cuda_attention.applies(queries, keys, values, mask, sinks):
+        return cuda_attention.block_attention(queries, keys, values, scale,
+                                              causal=mask is not None)
+    return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale,
+                                             mask=mask, sinks=sinks)
+
+
+_calls: dict[tuple[type, Callable], Callable[..., mx.array]] = {}
 
 
 def attention_call(module: nn.Module) -> Callable[..., mx.array] | None:
     """(module, x, mask, cache) -> its output: the class's own __call__ with our
-    scaled_dot_product_attention. None for other modules, off the CPU, or when turned off."""
+    scaled_dot_product_attention (CPU), or the CUDA one with the block kernel when it is on.
+    None for other modules, or when neither applies."""
     cls = type(module)
-    if cls not in MODULES or current() != "cpu" or cpu_softmax.mode() == "off":
+    if cls not in MODULES:
         return None
-    if cls not in _calls:
+    if current() == "cpu" and cpu_softmax.mode() != "off":
+        ours = scaled_dot_product_attention
+    elif cuda_attention.enabled():
+        ours = cuda_scaled_dot_product_attention
+    else:
+        return None
+    if (cls, ours) not in _calls:
         fn = cls.__call__
-        scope = {**fn.__globals__, "scaled_dot_product_attention": scaled_dot_product_attention}
-        _calls[cls] = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
-                                         fn.__closure__)
-    return _calls[cls]
+        scope = {**fn.__globals__, "scaled_dot_product_attention": ours}
+        _calls[cls, ours] = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                                               fn.__closure__)
+    return _calls[cls, ours]
