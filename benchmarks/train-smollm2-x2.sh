@@ -15,6 +15,10 @@
 #   stage 10: gen-9-{0,1}.npz and gen-10-0.npz staged; SEED=11 PART=gen GEN_S=300 GEN_GPUS=1
 #            PROBE_GPU=0 PROBE_PARTS="cost-quick sources", then PART=train LR=1.5e-4
 #            TRAIN_S=960 PAUSE=480 PROFILE=10, PART=resume LR=1.5e-4 TRAIN_S=960
+#   stage 11: gen-9-{0,1}, gen-10-0 and gen-11-1.npz staged; SEED=12 PART=gen GEN_GPUS=0
+#            GEN_S=300 GEN_SHARES="single=0.40,multiturn=0.15,magpie=0.35,templated=0.07"
+#            PROBE_GPU=1 PROBE_PARTS="rows cost-quick sources", then PART=ab AB_S=390
+#            LR=1.5e-4 B_ARGS="--depth 4" (a shipped)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:

@@ -140,6 +140,12 @@ def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None)
 
 
 @cache
+def _scale(value: float) -> mx.array:
+    """The scale as a kernel input, made once per value (not once per layer and call)."""
+    return mx.array([value], mx.float32)
+
+
+@cache
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(name="dflash_block_attention", input_names=["q", "k", "v", "scale"],
                                output_names=["out"], source=SOURCE,
@@ -152,7 +158,7 @@ def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     softmax(scale * q @ k.T, causal: row i sees keys up to S - L + i) @ v."""
     B, Hq, L, D = q.shape
     (out,) = _kernel()(
-        inputs=[q, k, v, mx.array([scale], mx.float32)],
+        inputs=[q, k, v, _scale(float(scale))],
         template=[("T", q.dtype), ("D", D), ("EPL", D // 32), ("NW", WARPS), ("CAUSAL", causal)],
         grid=(32 * WARPS, Hq, B * L),
         threadgroup=(32 * WARPS, 1, 1),
