@@ -220,6 +220,21 @@ def test_few_steps_lower_the_loss(pair):
     assert slot_logits(draft, target, batch, taps).shape[-2] == draft.args.block_size - 1
 
 
+def tiny_run(target_dir, tmp_path):
+    """run(out, *flags) -> train()'s result: a 1-layer draft, 4 steps on 12 tiny sequences."""
+    data = tmp_path / "data.npz"
+    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+
+    def run(out: str, *extra: str) -> dict:
+        argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
+                "--taps", "1", "--steps", "4", "--batch", "2", "--anchors", "2",
+                "--data", str(data), "--val-size", "2", "--val-every", "100", "--no-progress",
+                *extra]
+        return train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+
+    return run
+
+
 def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
     """On greedy data the target's own distribution at every slot peaks at that slot's label:
     the soft labels sit at the right positions, and the taps are the plain forward's."""
@@ -269,15 +284,7 @@ def test_distill_share_is_checked_and_trains(pair, tmp_path, capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--model", "m", "--out", "o", "--distill", bad])
         assert "between 0 and 1" in capsys.readouterr().err
-    data = tmp_path / "data.npz"
-    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
-
-    def run(out: str, *extra: str) -> dict:
-        argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
-                "--taps", "1", "--steps", "4", "--batch", "2", "--anchors", "2",
-                "--data", str(data), "--val-size", "2", "--val-every", "100", "--no-progress",
-                *extra]
-        return train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+    run = tiny_run(target_dir, tmp_path)
 
     plain, distilled = run("plain"), run("distilled", "--distill", "0.5")
     assert distilled["config"]["distill"] == 0.5 and distilled["steps"] == 4
@@ -349,15 +356,7 @@ def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
     schedule and data order, so two paused calls and a resumed one end exactly where one
     uninterrupted run does. --profile-steps times the phases of a step."""
     target_dir, *_ = pair
-    data = tmp_path / "data.npz"
-    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
-
-    def run(out: str, *extra: str) -> dict:
-        argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
-                "--taps", "1", "--steps", "4", "--batch", "2", "--anchors", "2",
-                "--data", str(data), "--val-size", "2", "--val-every", "100", "--no-progress",
-                *extra]
-        return train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+    run = tiny_run(target_dir, tmp_path)
 
     whole = run("whole", "--profile-steps", "2", "--steps", "8")
     assert set(whole["step_profile"]) == {"batch", "target", "draft_forward_backward", "update"}
