@@ -22,6 +22,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..device import current
+
 MODE_ENV = "DFLASH_GPU_ATTENTION"
 MODES = ("mlx", "kernel")
 MAX_QUERIES = 16  # a block: longer queries (prefill) keep MLX's attention
@@ -170,8 +172,6 @@ def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
 
 def enabled() -> bool:
     """The kernel is on: DFLASH_GPU_ATTENTION=kernel on a CUDA device."""
-    from ..device import current
-
     return mode() == "kernel" and current() == "cuda"
 
 
