@@ -51,6 +51,8 @@ def test_an_unknown_setting_names_the_choices(monkeypatch):
     with pytest.raises(ConfigError, match="mlx, kernel"):
         cuda_attention.mode()
     monkeypatch.delenv(cuda_attention.MODE_ENV)
+    assert cuda_attention.mode() == "kernel"  # on by default (only CUDA uses it)
+    monkeypatch.setenv(cuda_attention.MODE_ENV, "mlx")
     assert cuda_attention.mode() == "mlx"
 
 

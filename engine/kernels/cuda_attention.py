@@ -10,8 +10,9 @@ their strides (a KV cache slice is not copied).
 
 Its rounding differs from the fallback's (fp32 throughout), so it serves bf16/fp16 targets
 only, whose verify is held to the near-tie rule anyway; float32 keeps MLX's own ops and stays
-bit-identical to plain decoding. Unproven until scripts/gpu_checks.py passes on a GPU: used
-only with DFLASH_GPU_ATTENTION=kernel.
+bit-identical to plain decoding. scripts/gpu_attention_check.py proves it on the GPU against a
+float32 reference (never further off than MLX's own attention), so it is on by default on
+CUDA; DFLASH_GPU_ATTENTION=mlx keeps MLX's attention everywhere.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ SOURCE = r"""
       qr[e] = static_cast<float>(qp[(lane + 32 * e) * q_strides[3]]) * sc;
       acc[e] = 0.0f;
     }
-    float m = -inf;
+    float m = __int_as_float(0xff800000);  // -inf (NVRTC has no INFINITY macro)
     float l = 0.0f;
     const T* kb = k + b * k_strides[0] + hk * k_strides[1];
     const T* vb = v + b * v_strides[0] + hk * v_strides[1];
@@ -90,7 +91,7 @@ SOURCE = r"""
     }
     __syncthreads();
     if (warp == 0) {
-      float top = -inf;
+      float top = __int_as_float(0xff800000);
       for (int w = 0; w < NW; ++w) {
         top = fmaxf(top, s_m[w]);
       }
@@ -118,8 +119,9 @@ SOURCE = r"""
 
 
 def mode() -> str:
-    """$DFLASH_GPU_ATTENTION: "kernel" turns `block_attention` on; default "mlx"."""
-    value = os.environ.get(MODE_ENV) or "mlx"
+    """$DFLASH_GPU_ATTENTION: "kernel" (the default) uses `block_attention` on CUDA, "mlx"
+    keeps MLX's attention."""
+    value = os.environ.get(MODE_ENV) or "kernel"
     if value not in MODES:
         from ..errors import ConfigError
 
@@ -171,7 +173,7 @@ def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
 
 
 def enabled() -> bool:
-    """The kernel is on: DFLASH_GPU_ATTENTION=kernel on a CUDA device."""
+    """The kernel is on: a CUDA device, unless DFLASH_GPU_ATTENTION=mlx."""
     return mode() == "kernel" and current() == "cuda"
 
 

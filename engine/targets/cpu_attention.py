@@ -11,7 +11,7 @@ The engine calls it only from its own layer forwards: `attention_call(module)` i
 module's own mlx-lm `__call__` code, rebound to globals where `scaled_dot_product_attention`
 is ours; mlx-lm's modules and functions stay untouched for everyone else in the process.
 On CUDA the same rebinding sends a verify block's attention to one fused kernel
-(engine/kernels/cuda_attention.py) when DFLASH_GPU_ATTENTION=kernel.
+(engine/kernels/cuda_attention.py) unless DFLASH_GPU_ATTENTION=mlx.
 """
 
 from __future__ import annotations
