@@ -14,10 +14,10 @@
 #                PART=gen PROBE_GPU=g PROBE_PARTS=cost-quick): the cycle probe's cycle and host
 #                parts at checkpoint precision with the engine's defaults (and in children
 #                with MLX_MAX_OPS_PER_BUFFER=OPS_A / OPS_B), the oracle runs at 8 and 4
-#   PART=attention issue 13's fused block-attention kernel (DFLASH_GPU_ATTENTION=kernel):
-#                exactness and timing (scripts/gpu_attention_check.py), the cycle probe's
-#                cycle and host parts with and without it, the oracle rows and the three
-#                suites at 256 tokens with it on (SUFFIX -kernel); ~7 minutes
+#   PART=attention issue 13's fused block-attention kernel (on by default on CUDA) against
+#                MLX's attention: exactness and timing (scripts/gpu_attention_check.py), then
+#                the oracle rows and the three suites at 256 tokens with the defaults, and again
+#                with DFLASH_GPU_ATTENTION=mlx (SUFFIX -mlxattn); ~7 minutes
 #   PART=sources the held-out real-prompt answers' simulated tokens/cycle per prompt source
 #                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
@@ -77,12 +77,9 @@ cost-quick)  # issue 13 on a GPU left free while the other generates
   oracle_rows ;;
 attention)  # issue 13: a verify block's attention in one kernel instead of MLX's fallback
   TAIL=12 step 240 python3 scripts/gpu_attention_check.py --out "$OUT/gpu-attention-check-h200.json"
-  MLX_CUDA_USE_CUDNN_SDPA=0 step 200 python3 scripts/gpu_cycle_probe.py --parts cycle,host,children \
-    --out "$OUT/gpu-cycle-probe-attention-h200.json" --precisions checkpoint --budget 70 \
-    --child-budget 70 --child-envs "DFLASH_GPU_ATTENTION=kernel:cycle,host:checkpoint"
-  export DFLASH_GPU_ATTENTION=kernel SUFFIX=-kernel
-  oracle_rows
-  rows ;;
+  oracle_rows; rows
+  export DFLASH_GPU_ATTENTION=mlx SUFFIX=-mlxattn
+  oracle_rows; rows ;;
 sources)  # issue 12: which prompt sources the draft predicts worst
   drafts=(--draft "$DRAFT"); [[ -n ${DRAFT_B:-} ]] && drafts+=(--draft "$DRAFT_B")
   TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
