@@ -19,6 +19,8 @@
 #            GEN_S=300 GEN_SHARES="single=0.40,multiturn=0.15,magpie=0.35,templated=0.07"
 #            PROBE_GPU=1 PROBE_PARTS="rows cost-quick sources", then PART=ab AB_S=390
 #            LR=1.5e-4 B_ARGS="--depth 4" (a shipped)
+#   stage 12 (one H200 lent): the same files and gen-12-0.npz staged; PART=ab AB_GPU_B=0
+#            AB_S=420 LR=1.5e-4 B_ARGS="--distill 0.5"
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -41,7 +43,8 @@
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
-#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b
+#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b; AB_GPU_B=0 runs
+#               b beside a on GPU 0 (a one-GPU machine: both share it, equal footing)
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
 # halves (files come back under 16 MB each); the logs print to stdout.
 # Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
@@ -147,10 +150,10 @@ more1)
   pack ;;
 ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S seconds each:
      # a keeps the draft's taps, b adds target layers (TAPS_B, a list holding INIT's taps)
-  for v in a b; do
+  for v in ${AB_VARIANTS:-a b}; do
     gpu=0; taps=()
     if [[ $v == b ]]; then  # B_ARGS (e.g. "--gamma 3.5") instead of the extra taps
-      gpu=1; read -ra taps <<< "${B_ARGS:---taps ${TAPS_B:-1,5,10,14,18,22,27,29}}"
+      gpu=${AB_GPU_B:-1}; read -ra taps <<< "${B_ARGS:---taps ${TAPS_B:-1,5,10,14,18,22,27,29}}"
     fi
     CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
       python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
@@ -158,7 +161,7 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
       --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
   done
   wait
-  for v in a b; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
+  for v in ${AB_VARIANTS:-a b}; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
 *) echo "PART=gen|train|resume|more|more1|ab" >&2; exit 2 ;;
 esac
 exit 0
