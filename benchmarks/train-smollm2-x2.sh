@@ -19,8 +19,9 @@
 #            GEN_S=300 GEN_SHARES="single=0.40,multiturn=0.15,magpie=0.35,templated=0.07"
 #            PROBE_GPU=1 PROBE_PARTS="rows cost-quick sources", then PART=ab AB_S=390
 #            LR=1.5e-4 B_ARGS="--depth 4" (a shipped)
-#   stage 12 (one H200 lent): the same files and gen-12-0.npz staged; PART=ab AB_GPU_B=0
-#            AB_S=420 LR=1.5e-4 B_ARGS="--distill 0.5"
+#   stage 12 (one H200 lent): the same files and gen-12-0.npz staged, PART=setup of
+#            run-gpu.sh, then PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=420 LR=1.5e-4
+#            B_ARGS="--distill 0.5" (not shipped; a and b together on one GPU ran out of memory)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -43,8 +44,9 @@
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
-#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b; AB_GPU_B=0 runs
-#               b beside a on GPU 0 (a one-GPU machine: both share it, equal footing)
+#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b; AB_GPU_B=0 puts
+#               b on GPU 0 and AB_VARIANTS=b runs b alone (one GPU: both at once run out of
+#               memory)
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
 # halves (files come back under 16 MB each); the logs print to stdout.
 # Eval prompts travel in .carry/data (decontamination), the tokenizer folder in .carry/tok.
