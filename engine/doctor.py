@@ -135,6 +135,18 @@ def kernels() -> dict[str, Any]:
                 "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
 
 
+def gpu_attention() -> str:
+    """What a verify block's attention runs on this GPU, after the kernel's start-up check."""
+    from .errors import ConfigError
+    from .kernels import cuda_attention
+
+    try:
+        cuda_attention.check()
+        return cuda_attention.state()
+    except ConfigError as exc:  # a bad DFLASH_GPU_ATTENTION value: say so, with its fix
+        return f"mlx ({exc})"
+
+
 def offline_pair() -> dict[str, Any]:
     from .offline import GGUF_SHA256, GGUF_SIZE, WHEEL_SPEC, gguf_cache_path
     from .registry import default_pair
@@ -203,8 +215,13 @@ def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> di
     if report["kernels"].get("passed") is False:
         problems.append(
             f"the {report['kernels']['backend']} kernels disagree with the portable path or do "
-            f"not build. Fix: set DFLASH_{report['kernels']['backend'].upper()}_KERNELS=0 and "
-            "report this output")
+            "not build. Fix: set DFLASH_KERNELS=portable and report this output")
+    if report["kernels"]["backend"] == "cuda":
+        report["gpu_attention"] = gpu_attention()
+        if report["gpu_attention"].startswith("mlx ("):
+            problems.append("the fused block attention failed its check on this GPU, so a "
+                            "verify runs MLX's slower attention. Fix: set "
+                            "DFLASH_GPU_ATTENTION=mlx to skip it, and report this output")
     report["locations"] = locations()
     if not report["locations"]["cache"]["writable"]:
         problems.append(f"the cache folder {cache_root()} is not writable. Fix: make it "
@@ -255,6 +272,8 @@ def render(report: dict[str, Any]) -> str:
                               else f" ({k.get('error', '')})")
                            if k.get("native") else k["note"]),
     ]
+    if "gpu_attention" in report:
+        lines.append(f"gpu attn     {report['gpu_attention']}")
     for name, loc in report["locations"].items():
         state = size(loc["bytes"]) if loc["exists"] else "not created yet"
         lines.append(f"{name:<12} {loc['path']} ({state}"

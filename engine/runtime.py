@@ -16,6 +16,7 @@ from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
+from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
@@ -59,6 +60,7 @@ class DFlashRuntime:
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
+        cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
         self.target.warm_up(self.block_size)  # kernels compile here, not mid-reply
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step

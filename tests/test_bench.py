@@ -45,6 +45,7 @@ def test_benchmark_cli_writes_json_with_matching_tokens(tiny_pairs, prompt_file,
     assert {"platform", "processor", "cpu_count", "memory_bytes", "gpu"} <= report[
         "machine"].keys()
     assert {"mlx", "mlx_lm", "dflash_engine", "python"} <= report["versions"].keys()
+    assert report["gpu_attention"] == "mlx"  # the CPU: the block kernel is CUDA's
     assert "loop_start" in report["definitions"]
     assert [r["prompt_id"] for r in report["runs"]] == ["7", "1"]
     for run in report["runs"]:

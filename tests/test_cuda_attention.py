@@ -56,6 +56,73 @@ def test_an_unknown_setting_names_the_choices(monkeypatch):
     assert cuda_attention.mode() == "mlx"
 
 
+@pytest.fixture
+def pretend_cuda(monkeypatch):
+    """cuda_attention believes it runs on CUDA; a failed check is forgotten afterwards."""
+    monkeypatch.delenv(cuda_attention.MODE_ENV, raising=False)
+    monkeypatch.setattr(cuda_attention, "current", lambda: "cuda")
+    monkeypatch.setattr(cuda_attention, "_failed", None)
+    return monkeypatch
+
+
+def mlx_block_attention(q, k, v, scale, causal):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                mask="causal" if causal else None)
+
+
+def test_a_kernel_that_passes_the_start_up_check_stays_on(pretend_cuda, capsys):
+    pretend_cuda.setattr(cuda_attention, "block_attention", mlx_block_attention)
+    assert cuda_attention.check() is None
+    assert cuda_attention.enabled() and cuda_attention.state() == "kernel"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_kernel_that_does_not_compile_here_falls_back_to_mlx(pretend_cuda, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to compile kernel: identifier \"inf\" is undefined\nmore")
+
+    pretend_cuda.setattr(cuda_attention, "block_attention", broken)
+    reason = cuda_attention.check()
+    assert reason.startswith("RuntimeError: Failed to compile kernel") and "more" not in reason
+    assert not cuda_attention.enabled()
+    assert cuda_attention.state() == f"mlx ({reason})"
+    err = capsys.readouterr().err
+    assert "MLX's attention runs instead" in err and "DFLASH_GPU_ATTENTION=mlx" in err
+    # the layers then keep MLX's attention: nothing routes to the kernel any more
+    q, k, v = (mx.ones((1, 2, n, 64), mx.bfloat16) for n in (4, 30, 30))
+    got = cuda_attention.scaled_dot_product_attention(q, k, v, 0.125)
+    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125))
+
+
+def test_a_kernel_with_wrong_results_is_turned_off(pretend_cuda, capsys):
+    pretend_cuda.setattr(cuda_attention, "block_attention",
+                         lambda q, k, v, scale, causal: mlx_block_attention(q, k, v, scale,
+                                                                            causal) + 0.1)
+    assert "off by" in cuda_attention.check()
+    assert not cuda_attention.enabled()
+    pretend_cuda.setenv(cuda_attention.MODE_ENV, "mlx")
+    assert cuda_attention.state().startswith("mlx (")
+
+
+def test_doctor_names_what_the_gpu_attention_runs(pretend_cuda, capsys):
+    from engine import doctor
+
+    pretend_cuda.setattr(cuda_attention, "block_attention", mlx_block_attention)
+    assert doctor.gpu_attention() == "kernel"
+    pretend_cuda.setenv(cuda_attention.MODE_ENV, "kernal")
+    assert "is unknown. Fix:" in doctor.gpu_attention()  # a report line, not a crash
+    pretend_cuda.setenv(cuda_attention.MODE_ENV, "kernel")
+    pretend_cuda.setattr(cuda_attention, "block_attention", None)  # not callable: fails
+    assert doctor.gpu_attention().startswith("mlx (TypeError")
+    capsys.readouterr()
+
+
+def test_with_mlx_chosen_the_check_runs_nothing(pretend_cuda):
+    pretend_cuda.setenv(cuda_attention.MODE_ENV, "mlx")
+    pretend_cuda.setattr(cuda_attention, "block_attention", None)  # would fail if called
+    assert cuda_attention.check() is None and cuda_attention.state() == "mlx"
+
+
 def test_check_script_proves_its_harness_without_cuda(tmp_path):
     out = tmp_path / "check.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_attention_check.py"),
@@ -78,7 +145,7 @@ def test_on_cuda_with_the_kernel_on_target_layers_route_through_it(monkeypatch):
                            vocab_size=32, num_key_value_heads=1)
     module = llama.Attention(args)
     monkeypatch.setattr(cpu_attention, "current", lambda: "cuda")
-    assert cpu_attention.attention_call(module) is None  # the kernel is off by default
+    assert cpu_attention.attention_call(module) is None  # cuda_attention itself sees the CPU
     monkeypatch.setattr(cuda_attention, "enabled", lambda: True)
     call = cpu_attention.attention_call(module)
     assert (call.__globals__["scaled_dot_product_attention"]

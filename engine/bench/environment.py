@@ -75,7 +75,7 @@ def blas_info() -> dict:
             "blas_libraries_loaded": mapped}
 
 
-SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_BLAS")
+SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_CPU_KERNELS", "DFLASH_BLAS")
 
 
 def switches() -> dict:
@@ -86,6 +86,9 @@ def switches() -> dict:
 
 
 def environment() -> dict:
-    """{"machine", "versions", "blas", "switches"}: merged into every report."""
+    """{"machine", "versions", "blas", "switches", "gpu_attention"}: merged into every report
+    (gpu_attention: what a verify block's attention ran on, engine/kernels/cuda_attention.py)."""
+    from ..kernels import cuda_attention
+
     return {"machine": machine_info(), "versions": versions(), "blas": blas_info(),
-            "switches": switches()}
+            "switches": switches(), "gpu_attention": cuda_attention.state()}

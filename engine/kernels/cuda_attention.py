@@ -18,6 +18,7 @@ CUDA; DFLASH_GPU_ATTENTION=mlx keeps MLX's attention everywhere.
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 from typing import Any
 
@@ -28,6 +29,8 @@ from ..device import current
 MODE_ENV = "DFLASH_GPU_ATTENTION"
 MODES = ("mlx", "kernel")
 MAX_QUERIES = 16  # a block: longer queries (prefill) keep MLX's attention
+CHECK_TOLERANCE = 0.02  # a half-precision output's rounding, not a wrong result
+_failed: str | None = None  # why the start-up check turned the kernel off in this process
 WARPS = 4
 
 SOURCE = r"""
@@ -173,8 +176,44 @@ def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
 
 
 def enabled() -> bool:
-    """The kernel is on: a CUDA device, unless DFLASH_GPU_ATTENTION=mlx."""
-    return mode() == "kernel" and current() == "cuda"
+    """The kernel is on: a CUDA device, unless DFLASH_GPU_ATTENTION=mlx or the start-up
+    check failed here."""
+    return mode() == "kernel" and current() == "cuda" and _failed is None
+
+
+def state() -> str:
+    """What a verify block's attention runs on this device, for reports: "kernel", "mlx", or
+    "mlx (...)" with the reason the start-up check gave."""
+    if _failed is not None:
+        return f"mlx ({_failed})"
+    return "kernel" if enabled() else "mlx"
+
+
+def check() -> str | None:
+    """Compile and run the kernel once on a small block of each half precision against MLX's
+    own attention, outside any compiled graph (the runtime calls this before its warm-up).
+    A GPU or toolkit where it fails keeps MLX's attention for the rest of the process, with
+    one line on stderr instead of an error mid-reply. -> why it failed, or None."""
+    global _failed
+    if not enabled():
+        return _failed
+    try:
+        key = mx.random.key(0)
+        for dtype in (mx.bfloat16, mx.float16):
+            q, k, v = (mx.random.normal((1, 4, n, 64), key=mx.random.split(key, 3)[i])
+                       for i, n in enumerate((3, 40, 40)))
+            got = block_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), 0.125,
+                                  causal=False)
+            want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+            err = float(mx.max(mx.abs(got.astype(mx.float32) - want)))
+            if not err <= CHECK_TOLERANCE:  # also catches nan
+                raise ValueError(f"{dtype} output off by {err:.3g} from MLX's attention")
+    except Exception as exc:  # a kernel that does not compile or run here: MLX's attention
+        _failed = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
+        print(f"dflash: the fused block attention failed its start-up check on this GPU "
+              f"({_failed}); MLX's attention runs instead. Set {MODE_ENV}=mlx to skip the "
+              f"check.", file=sys.stderr)
+    return _failed
 
 
 def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
