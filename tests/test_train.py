@@ -25,7 +25,7 @@ from engine.train.objective import (
     Batch,
     anchor_runs,
     block_loss,
-    block_mask,
+    context_mask,
     make_batch,
     slot_logits,
     slot_weights,
@@ -58,21 +58,64 @@ def pair(tmp_path_factory):
     return target_dir, draft_dir, model, tokenizer
 
 
-def test_block_mask_matches_recipe():
+def recipe_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
+    """The recipe's whole mask [N, 1, A*B, ctx_len + A*B]: context before the anchor, then
+    every block's own slots (bidirectional) and no other block's."""
+    N, A = anchors.shape
+    owner = mx.repeat(mx.arange(A), block_size)
+    own = mx.broadcast_to((owner[:, None] == owner[None, :])[None, None],
+                          (N, 1, A * block_size, A * block_size))
+    return mx.concatenate([context_mask(anchors, ctx_len, block_size), own], axis=-1)
+
+
+def test_context_mask_matches_recipe():
     # two blocks of B=4 at anchors 3 and 6, context of 8 tokens
-    m = block_mask(mx.array([[3, 6]]), ctx_len=8, block_size=4)[0, 0]
-    assert m.shape == (8, 8 + 8)
+    m = context_mask(mx.array([[3, 6]]), ctx_len=8, block_size=4)[0, 0]
+    assert m.shape == (8, 8)
     m = np.array(m)
     # block 0 (queries 0..3): context 0,1,2 only (strictly before anchor 3)
-    assert m[0, :3].all() and not m[0, 3:8].any()
-    # block 1 (queries 4..7): context 0..5 only
-    assert m[5, :6].all() and not m[5, 6:8].any()
-    # each block sees all of its own slots, bidirectionally, and no other block
-    assert m[0, 8:12].all() and not m[0, 12:16].any()
-    assert m[7, 12:16].all() and not m[7, 8:12].any()
-    assert m[4, 15] and m[7, 12]  # the first slot sees the last and back
-    # identical rows inside a block
+    assert m[0, :3].all() and not m[0, 3:].any()
+    # block 1 (queries 4..7): context 0..5 only, the same for every query of the block
+    assert m[5, :6].all() and not m[5, 6:].any()
     assert (m[4] == m[7]).all()
+
+
+def test_blockwise_training_attention_equals_the_recipes_masked_attention(pair):
+    """Each block's own slots scored per block == the dense attention under the recipe's
+    whole mask, values and gradients (grouped heads, several blocks per row)."""
+    from engine.train.objective import _train_attention
+
+    _, draft_dir, _, _ = pair
+    attn = load_draft_folder(draft_dir).layers[0].self_attn
+    assert attn.n_heads > attn.n_kv_heads  # grouped query heads are covered
+    B, T = 4, 24
+    anchors = mx.array([[3, 9, 20], [1, 2, 15]])
+    mx.random.seed(1)
+    x = mx.random.normal((2, 3 * B, attn.q_proj.weight.shape[1]))
+    ctx = mx.random.normal((2, T, attn.k_proj.weight.shape[1]))
+
+    def dense(x, ctx):
+        from engine.train.objective import _rope_blocks
+
+        q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), attn.n_heads)),
+                         anchors, B)
+        k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), attn.n_kv_heads)),
+                         anchors, B)
+        ctx_k, ctx_v = attn.context_kv(ctx, 0)
+        keys = mx.concatenate([ctx_k, k], axis=2)
+        values = mx.concatenate([ctx_v, attn._heads(attn.v_proj(x), attn.n_kv_heads)], axis=2)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale,
+                                                   mask=recipe_mask(anchors, T, B))
+        return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(2, 3 * B, -1))
+
+    def blockwise(x, ctx):
+        return _train_attention(attn, x, ctx, anchors, B, context_mask(anchors, T, B))
+
+    assert mx.allclose(blockwise(x, ctx), dense(x, ctx), atol=1e-5).item()
+    grads = [mx.grad(lambda x, c: (f(x, c) ** 2).sum(), argnums=(0, 1))(x, ctx)
+             for f in (blockwise, dense)]
+    for got, want in zip(*grads):
+        assert mx.allclose(got, want, atol=1e-4).item()
 
 
 def test_slot_weights_decay():
@@ -100,7 +143,7 @@ def test_training_forward_equals_inference(pair):
 
     # the training forward sees the whole sequence's taps; the mask hides t >= anchor
     anchors = mx.array([[anchor]])
-    got = train_forward(draft, taps, emb, anchors, block_mask(anchors, seq.shape[1], B))
+    got = train_forward(draft, taps, emb, anchors, context_mask(anchors, seq.shape[1], B))
     assert mx.allclose(got, want, atol=1e-5).item()
 
     # and two blocks in one forward do not see each other
@@ -108,7 +151,7 @@ def test_training_forward_equals_inference(pair):
     block2 = mx.concatenate([mx.array([[int(seq[0, 3])] + [draft.args.mask_token_id] *
                                        (B - 1)]), block], axis=1)
     got2 = train_forward(draft, taps, target.embed(block2), anchors2,
-                         block_mask(anchors2, seq.shape[1], B))
+                         context_mask(anchors2, seq.shape[1], B))
     assert mx.allclose(got2[:, B:], want, atol=1e-5).item()
 
 

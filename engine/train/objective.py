@@ -1,4 +1,4 @@
-"""The DFlash training objective: anchored blocks, the block mask, the draft's training
+"""The DFlash training objective: anchored blocks, the context mask, the draft's training
 forward and the decay-weighted cross-entropy over slots 1..B-1 (against the data's tokens,
 optionally mixed with the target's own next-token distribution: `soft_labels`)."""
 
@@ -64,16 +64,13 @@ def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
                  mx.array(labels), mx.array(valid.astype(np.float32)))
 
 
-def block_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
-    """The recipe's attention mask, bool [N, 1, A*B, ctx_len + A*B]: block a's queries see
-    context positions t < anchor_a and all B slots of block a (bidirectional), nothing else."""
-    N, A = anchors.shape
+def context_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
+    """The recipe's mask over the context, bool [N, 1, A*B, ctx_len]: block a's queries see
+    context positions t < anchor_a. Each block also sees all B of its own slots
+    (bidirectional) and no other block: `_train_attention` computes that part per block
+    instead of masking an [A*B, A*B] square that is almost all hidden."""
     starts = mx.repeat(anchors, block_size, axis=1)  # [N, A*B]: each query's anchor
-    ctx = mx.arange(ctx_len)[None, None, :] < starts[:, :, None]
-    owner = mx.repeat(mx.arange(A), block_size)
-    own = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (N, A * block_size,
-                                                                         A * block_size))
-    return mx.concatenate([ctx, own], axis=-1)[:, None]
+    return (mx.arange(ctx_len)[None, None, :] < starts[:, :, None])[:, None]
 
 
 def slot_weights(block_size: int, gamma: float) -> mx.array:
@@ -94,23 +91,33 @@ def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.
 
 def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
                      mask: mx.array) -> mx.array:
+    """Every block's attention over its visible context (`mask`) and its own B slots, one
+    softmax across both: the masked attention of the recipe without scoring each query
+    against every other block's slots."""
     N, L, _ = x.shape
-    q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), attn.n_heads)),
-                     anchors, B)
-    k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), attn.n_kv_heads)),
-                     anchors, B)
-    v = attn._heads(attn.v_proj(x), attn.n_kv_heads)
+    A, hq, hkv, hd = L // B, attn.n_heads, attn.n_kv_heads, attn.head_dim
+    g = hq // hkv  # query heads per KV head
+    q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), hq)), anchors, B)
+    k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), hkv)), anchors, B)
+    v = attn._heads(attn.v_proj(x), hkv)
     ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
-    keys = mx.concatenate([ctx_k, k], axis=2)
-    values = mx.concatenate([ctx_v, v], axis=2)
-    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+    T = ctx_k.shape[2]
+    q = (q * attn.scale).reshape(N, hkv, g * L, hd)
+    on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
+    on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
+    on_own = q.reshape(N, hkv, g, A, B, hd) @ k.reshape(N, hkv, 1, A, B, hd).swapaxes(-1, -2)
+    p = mx.softmax(mx.concatenate([on_ctx, on_own.reshape(N, hkv, g, L, B)], axis=-1),
+                   axis=-1, precise=True)
+    out = p[..., :T] @ ctx_v[:, :, None]
+    own = p[..., T:].reshape(N, hkv, g, A, B, B) @ v.reshape(N, hkv, 1, A, B, hd)
+    out = (out + own.reshape(N, hkv, g, L, hd)).reshape(N, hq, L, hd)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
 def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
                   mask: mx.array) -> mx.array:
     """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
-    `block_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
+    `context_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
     if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
         raise NotImplementedError("training sliding-window draft layers is not supported")
     B = draft.args.block_size
@@ -165,7 +172,7 @@ def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: m
     """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
     B = draft.args.block_size
     N, A = batch.anchors.shape
-    mask = block_mask(batch.anchors, taps.shape[1], B)
+    mask = context_mask(batch.anchors, taps.shape[1], B)
     hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
     hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
     return (head or target.lm_head)(hidden)
