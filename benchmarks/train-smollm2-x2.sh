@@ -34,7 +34,10 @@
 #               GEN_SHARES the phases' shares of GEN_S (--gen-shares, e.g. magpie=0.35);
 #               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
 #               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13), or
-#               with PROBE_PARTS="p q" those parts of benchmarks/run-gpu.sh there
+#               with PROBE_PARTS="p q" those parts of benchmarks/run-gpu.sh there;
+#               TRAIN_GPU=g instead trains INIT on the answers staged before (and those in
+#               benchmarks/stage5) on GPU g meanwhile -> /root/draft, which PART=more then
+#               continues on both GPUs with the new answers too
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
 #               PAUSE=S ends the call after S seconds, then PART=resume continues the same
@@ -79,9 +82,9 @@ dp() {  # dp SECONDS LOG ARGS...: one training process per GPU, ranks 0 and 1
   wait
   grep -v "^ *$" "$log-0" | tail -n 20; tail -n 5 "$log-1"
 }
-solo() {  # solo SECONDS LOG ARGS...: one training process on GPU 0
+solo() {  # solo SECONDS LOG ARGS...: one training process on GPU ${SOLO_GPU:-0}
   local s=$1 log=$2; shift 2
-  CUDA_VISIBLE_DEVICES=0 MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
+  CUDA_VISIBLE_DEVICES=${SOLO_GPU:-0} MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
     "$@" --train-seconds "$s" > "$log" 2>&1
   grep -v "^ *$" "$log" | tail -n 20
 }
@@ -105,7 +108,11 @@ gen)
     answered=(--skip-answered benchmarks/stage5/data-*.npz)
     for d in /root/stash/files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
   fi
-  if [[ -n ${PROBE_PARTS:-} ]]; then  # run-gpu.sh parts on a GPU left free meanwhile
+  if [[ -n ${TRAIN_GPU:-} ]]; then  # the draft trains on the staged answers meanwhile
+    SOLO_GPU=$TRAIN_GPU solo $(( ${GEN_S:-420} + 30 )) /root/train.log "${common[@]}" \
+      "${train_args[@]}" $(data_args) --init "$INIT" --profile-steps ${PROFILE:-10} \
+      --lr ${LR:-1.5e-4} --out /root/draft --state-dir /root/state > /root/probe.log 2>&1 &
+  elif [[ -n ${PROBE_PARTS:-} ]]; then  # run-gpu.sh parts on a GPU left free meanwhile
     PROBE_PARTS="$PROBE_PARTS" CUDA_VISIBLE_DEVICES=$PROBE_GPU timeout $(( ${GEN_S:-420} + 180 )) \
       bash -c 'for part in $PROBE_PARTS; do PART=$part bash benchmarks/run-gpu.sh; done' \
       > /root/probe.log 2>&1 &
@@ -143,7 +150,8 @@ train|resume)
 more)
   rm -rf /root/init && cp -r /root/draft /root/init
   dp ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
-    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
+    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2 \
+    --profile-steps ${PROFILE:-0}
   pack ;;
 more1)
   rm -rf /root/init && cp -r /root/draft /root/init
