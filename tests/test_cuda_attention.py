@@ -29,6 +29,8 @@ def test_applies_to_a_verify_block_of_low_precision_queries_only():
     assert cuda_attention.applies(*qkv(dtype=mx.float16, d=128, hq=32, hkv=8), "causal")
     assert not cuda_attention.applies(*qkv(L=1), "causal")  # MLX's own kernel: fused already
     assert not cuda_attention.applies(*qkv(L=17), "causal")  # a prefill chunk
+    assert cuda_attention.applies(*qkv(S=cuda_attention.MAX_KEYS), "causal")
+    assert not cuda_attention.applies(*qkv(S=cuda_attention.MAX_KEYS + 1), "causal")  # long
     assert not cuda_attention.applies(*qkv(dtype=mx.float32), "causal")  # fp32 stays exact
     assert not cuda_attention.applies(*qkv(d=48), "causal")
     assert not cuda_attention.applies(*qkv(hq=8, hkv=3), "causal")
@@ -123,6 +125,22 @@ def test_with_mlx_chosen_the_check_runs_nothing(pretend_cuda):
     assert cuda_attention.check() is None and cuda_attention.state() == "mlx"
 
 
+def test_check_scripts_key_sweep_times_both_sides_per_layout_and_length(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_attention_check", ROOT / "scripts" / "gpu_attention_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "SWEEP_KEYS", (20, 40))
+    # MLX's attention stands in for the kernel (no CUDA here)
+    monkeypatch.setattr(cuda_attention, "block_attention", mlx_block_attention)
+    rows = script.sweep_keys(iters=3)
+    assert [(r["layout"], r["keys"]) for r in rows] == [
+        (name, S) for name, *_ in script.LAYOUTS for S in (20, 40)]
+    assert all(r["mlx_ms"] > 0 and r["kernel_ms"] > 0 and r["speedup"] > 0 for r in rows)
+
+
 def test_check_script_proves_its_harness_without_cuda(tmp_path):
     out = tmp_path / "check.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_attention_check.py"),
@@ -133,6 +151,7 @@ def test_check_script_proves_its_harness_without_cuda(tmp_path):
     # the float32 reference agrees with MLX's attention to bf16/fp16 rounding
     assert 0 < report["harness_self_test"]["mlx_err_max"] < 0.05
     assert report["timing"]["mlx_ms"] > 0 and "kernel_ms" not in report["timing"]
+    assert report["timing_by_keys"] == "skipped: no CUDA"
 
 
 def test_on_cuda_with_the_kernel_on_target_layers_route_through_it(monkeypatch):

@@ -29,6 +29,10 @@ from ..device import current
 MODE_ENV = "DFLASH_GPU_ATTENTION"
 MODES = ("mlx", "kernel")
 MAX_QUERIES = 16  # a block: longer queries (prefill) keep MLX's attention
+# Each warp walks its share of the keys one at a time, so a long history favours MLX's
+# matmuls: the kernel was timed faster over chat-turn histories only. Longer ones keep MLX's
+# attention until scripts/gpu_attention_check.py's `timing_by_keys` sweep moves this bound.
+MAX_KEYS = 1024
 CHECK_TOLERANCE = 0.02  # a half-precision output's rounding, not a wrong result
 _failed: str | None = None  # why the start-up check turned the kernel off in this process
 WARPS = 4
@@ -134,8 +138,9 @@ def mode() -> str:
 
 
 def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None) -> bool:
-    """Whether `block_attention` computes this call: a block of 2..16 bf16/fp16 queries,
-    no mask or the causal one, head size a multiple of 32 (<= 256), whole GQA groups."""
+    """Whether `block_attention` computes this call: a block of 2..16 bf16/fp16 queries over
+    at most MAX_KEYS keys, no mask or the causal one, head size a multiple of 32 (<= 256),
+    whole GQA groups."""
     causal = isinstance(mask, str) and mask == "causal"
     if sinks is not None or not (mask is None or causal):
         return False
@@ -143,7 +148,7 @@ def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None)
         return False
     L, D = q.shape[2], q.shape[3]
     return (2 <= L <= MAX_QUERIES and D % 32 == 0 and D <= 256 and v.shape[3] == D
-            and q.shape[1] % k.shape[1] == 0 and k.shape[2] >= L)
+            and q.shape[1] % k.shape[1] == 0 and L <= k.shape[2] <= MAX_KEYS)
 
 
 @cache
