@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from script_modules import load_script
 
 from engine.bench import compare as bench
 from engine.bench.compare import benchmark_main, run_benchmark
@@ -167,19 +168,10 @@ def test_packaged_suites_carry_their_licences():
     assert '"bench/data/suites/*"' in pyproject
 
 
-def _bench_table():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_table.py")
-    spec = importlib.util.spec_from_file_location("bench_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bench_table_names_near_tie_divergences_and_flags_others():
-    match = _bench_table().match
+    match = load_script("bench_table").match
     base = {"runs": 10, "divergences": 0, "near_tie_gap_max": None}
     assert match({**base, "token_match": True}) == "yes"
     assert match({**base, "token_match": None}) == "n/a (sampled)"

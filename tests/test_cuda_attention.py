@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from script_modules import load_script
 
 from engine.errors import ConfigError
 from engine.kernels import cuda_attention
@@ -126,12 +127,7 @@ def test_with_mlx_chosen_the_check_runs_nothing(pretend_cuda):
 
 
 def test_check_scripts_key_sweep_times_both_sides_per_layout_and_length(monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "gpu_attention_check", ROOT / "scripts" / "gpu_attention_check.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("gpu_attention_check")
     monkeypatch.setattr(script, "SWEEP_KEYS", (20, 40))
     # MLX's attention stands in for the kernel (no CUDA here)
     monkeypatch.setattr(cuda_attention, "block_attention", mlx_block_attention)

@@ -6,13 +6,13 @@ CUDA source is compiled with nvcc when nvcc exists; exactness runs only on a CUD
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from script_modules import load_script
 
 import engine.kernels as kernels
 from engine import device
@@ -21,11 +21,6 @@ from engine.kernels import PORTABLE, cuda, metal, portable, select
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_gpu_checks():
-    spec = importlib.util.spec_from_file_location("gpu_checks", ROOT / "scripts/gpu_checks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -223,7 +218,7 @@ CUDA = device.present("cuda")
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("case", [0, 3, 4])
 def test_cuda_kernels_match_portable(case):
-    checks = load_gpu_checks()
+    checks = load_script("gpu_checks")
     result = checks.check_case(kernels.native_kernels("cuda"), checks.CASES[case])
     assert result["pass"], result
 
@@ -231,13 +226,13 @@ def test_cuda_kernels_match_portable(case):
 @pytest.mark.skipif(not device.present("metal"), reason="needs Metal")
 @pytest.mark.parametrize("case", [0, 4])
 def test_metal_kernels_match_portable(case):
-    checks = load_gpu_checks()
+    checks = load_script("gpu_checks")
     result = checks.check_case(kernels.native_kernels("metal"), checks.CASES[case])
     assert result["pass"], result
 
 
 def test_gpu_checks_harness_runs_on_cpu(tmp_path):
-    checks = load_gpu_checks()
+    checks = load_script("gpu_checks")
     good = checks.check_case(PORTABLE, checks.SELF_TEST_CASES[0])
     assert good["pass"] and good["replay_equals_kernel_rerun_bitwise"]
 

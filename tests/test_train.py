@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from script_modules import load_script
 from tiny_pairs import make_tiny_pair
 
 from engine.cycle import propose
@@ -37,18 +38,6 @@ from engine.train.objective import (
     walk_cycles,
 )
 from engine.train.prompts import build_prompts
-
-
-def load_script(name: str):
-    """A module of scripts/ (they are not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
