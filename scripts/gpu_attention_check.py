@@ -153,10 +153,6 @@ def run_checks(iters: int) -> dict:
     return report
 
 
-def cuda_ran(report: dict) -> bool:
-    return isinstance(report["timing_by_keys"], list)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("gpu-attention-check.json"))
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2, default=str))
     ex = report["exactness"]
     print(f"gpu_attention_check: {ex['status']}; timing {report['timing']}")
-    for row in report["timing_by_keys"] if cuda_ran(report) else []:
+    for row in report["timing_by_keys"] if report["cuda_available"] else []:
         print(f"  {row['layout']} {row['keys']} keys: mlx {row['mlx_ms']:.2f} ms, kernel "
               f"{row['kernel_ms']:.2f} ms ({row['speedup']:.2f}x)")
     for c in ex.get("cases", []):
