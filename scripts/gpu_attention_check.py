@@ -10,7 +10,7 @@
 (b) Timing: 30 layers' attention at a 16-token verify's shape, the kernel against MLX's
     (`timing`: SmolLM2 over a 300-token history), and across history lengths for both
     layouts (`timing_by_keys`): the kernel walks the keys one at a time per warp, so where
-    MLX's matmuls overtake it sets `cuda_attention.MAX_KEYS`.
+    MLX's matmuls overtake it sets `cuda_attention.MAX_KEY_WORK`.
 Without CUDA the kernel parts say "skipped: no CUDA" and the harness checks MLX's attention
 against the reference instead, so a CPU run proves the script.
 """
@@ -90,10 +90,10 @@ def check_cases(kernel: bool) -> list[dict]:
                                                + ("-causal" if causal else ""),
                                                "mlx_err": err(own, ref)}
                         if kernel:
-                            # beyond MAX_KEYS the engine keeps MLX's attention (speed,
+                            # beyond MAX_KEY_WORK the engine keeps MLX's attention (speed,
                             # not exactness): the kernel is still checked there
                             assert cuda_attention.applies(q, k, v, mask) or (
-                                S > cuda_attention.MAX_KEYS)
+                                cuda_attention.key_work(q, k) > cuda_attention.MAX_KEY_WORK)
                             out = cuda_attention.block_attention(q, k, v, scale, causal)
                             row["kernel_err"] = err(out, ref)
                             row["pass"] = (out.shape == own.shape and out.dtype == own.dtype

@@ -30,8 +30,10 @@ def test_applies_to_a_verify_block_of_low_precision_queries_only():
     assert cuda_attention.applies(*qkv(dtype=mx.float16, d=128, hq=32, hkv=8), "causal")
     assert not cuda_attention.applies(*qkv(L=1), "causal")  # MLX's own kernel: fused already
     assert not cuda_attention.applies(*qkv(L=17), "causal")  # a prefill chunk
-    assert cuda_attention.applies(*qkv(S=cuda_attention.MAX_KEYS), "causal")
-    assert not cuda_attention.applies(*qkv(S=cuda_attention.MAX_KEYS + 1), "causal")  # long
+    assert cuda_attention.applies(*qkv(S=4096), "causal")  # a long SmolLM2 chat
+    assert not cuda_attention.applies(*qkv(S=4097), "causal")  # longer: MLX's matmuls win
+    assert cuda_attention.applies(*qkv(S=576, d=128, hq=32, hkv=8), "causal")
+    assert not cuda_attention.applies(*qkv(S=577, d=128, hq=32, hkv=8), "causal")  # more heads
     assert not cuda_attention.applies(*qkv(dtype=mx.float32), "causal")  # fp32 stays exact
     assert not cuda_attention.applies(*qkv(d=48), "causal")
     assert not cuda_attention.applies(*qkv(hq=8, hkv=3), "causal")

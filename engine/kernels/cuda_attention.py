@@ -29,10 +29,11 @@ from ..device import current
 MODE_ENV = "DFLASH_GPU_ATTENTION"
 MODES = ("mlx", "kernel")
 MAX_QUERIES = 16  # a block: longer queries (prefill) keep MLX's attention
-# Each warp walks its share of the keys one at a time, so a long history favours MLX's
-# matmuls: the kernel was timed faster over chat-turn histories only. Longer ones keep MLX's
-# attention until scripts/gpu_attention_check.py's `timing_by_keys` sweep moves this bound.
-MAX_KEYS = 1024
+# Each warp walks its share of the keys one at a time, so its cost grows with keys x query
+# heads x head size while MLX's matmuls stay nearly flat: past this much work MLX's attention
+# is faster. Set from scripts/gpu_attention_check.py's `timing_by_keys` sweep (the largest
+# SmolLM2 history it timed faster; a Qwen3-8B layout reaches it at a few hundred keys).
+MAX_KEY_WORK = 4096 * 9 * 64
 CHECK_TOLERANCE = 0.02  # a half-precision output's rounding, not a wrong result
 _failed: str | None = None  # why the start-up check turned the kernel off in this process
 WARPS = 4
@@ -139,8 +140,8 @@ def mode() -> str:
 
 def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None) -> bool:
     """Whether `block_attention` computes this call: a block of 2..16 bf16/fp16 queries over
-    at most MAX_KEYS keys, no mask or the causal one, head size a multiple of 32 (<= 256),
-    whole GQA groups."""
+    at most MAX_KEY_WORK keys x query heads x head size, no mask or the causal one, head
+    size a multiple of 32 (<= 256), whole GQA groups."""
     causal = isinstance(mask, str) and mask == "causal"
     if sinks is not None or not (mask is None or causal):
         return False
@@ -148,7 +149,13 @@ def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None)
         return False
     L, D = q.shape[2], q.shape[3]
     return (2 <= L <= MAX_QUERIES and D % 32 == 0 and D <= 256 and v.shape[3] == D
-            and q.shape[1] % k.shape[1] == 0 and L <= k.shape[2] <= MAX_KEYS)
+            and q.shape[1] % k.shape[1] == 0 and k.shape[2] >= L
+            and key_work(q, k) <= MAX_KEY_WORK)
+
+
+def key_work(q: mx.array, k: mx.array) -> int:
+    """What the kernel's time grows with: keys x query heads x head size."""
+    return k.shape[2] * q.shape[1] * q.shape[3]
 
 
 @cache
