@@ -177,6 +177,7 @@ def _summary(result: Any) -> dict[str, Any]:
         "acceptance": round(result.acceptance_rate, 4),
         "tokens_per_cycle": round(result.tokens_per_cycle, 3),
         "cycles": result.cycles,
+        "lookup_cycles": result.lookup_cycles,
         "ttft_s": round(result.ttft_s, 4),
         "speculative": result.speculative,
         "fallback_reason": result.fallback_reason,

@@ -88,6 +88,8 @@ def run_generate(args: argparse.Namespace) -> int:
                  f"tokens/cycle {result.tokens_per_cycle:.2f} (block {result.block_size}"
                  + (f", verify cut p<{rt.min_confidence}" if rt.min_confidence else "")
                  + (f", draft vocab {rt.draft_vocab}" if rt.draft_vocab else "")
+                 + (f", lookup {result.lookup_cycles}/{result.cycles} cycles"
+                    if result.lookup_cycles else "")
                  + ")")
     elif result.fallback_reason:
         line += f" [speculation off: {result.fallback_reason}]"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .lookup import MIN_MATCH
 
 MIN_BLOCK_SIZE = 2
 MAX_BLOCK_SIZE = 16
@@ -38,6 +39,11 @@ class DFlashConfig:
     # CPU_DRAFT_VOCAB on CPU, where the full head dominates a draft forward (see draft_head),
     # the full head on GPUs until measured there. None: the full head.
     draft_vocab: int | str | None = "auto"
+    # Where the context's last N tokens (N >= this) occurred before, a cycle proposes what
+    # followed them (engine/lookup.py) instead of running the draft: replies repeat their
+    # prompt and themselves, and there the repeat runs further than the draft reaches.
+    # Lossless: the target verifies it like a draft. None: the draft proposes every cycle.
+    lookup_min_match: int | None = MIN_MATCH
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -83,6 +89,10 @@ class DFlashConfig:
                 not isinstance(v, int) or isinstance(v, bool) or v < MIN_DRAFT_VOCAB):
             raise ConfigError(f"draft_vocab={v!r}: use a token count of at least "
                               f"{MIN_DRAFT_VOCAB}, 'auto' or None (the full vocabulary)")
+        m = self.lookup_min_match
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 2):
+            raise ConfigError(f"lookup_min_match={m!r}: use a token count of at least 2, or "
+                              "None (no lookup: the draft proposes every cycle)")
         if self.chat_template_args is not None and not isinstance(self.chat_template_args, dict):
             raise ConfigError(f"chat_template_args={self.chat_template_args!r}: use a dict of "
                               "template keyword arguments, e.g. {'enable_thinking': False}")
@@ -119,6 +129,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
                         f"{CPU_DRAFT_VOCAB} on CPU, off on GPUs; 'off': the full vocabulary")
+    p.add_argument("--lookup", type=lookup_arg, default=MIN_MATCH, metavar="N|off",
+                   help="where the last N or more tokens occurred before in the prompt or "
+                        "reply, propose what followed them instead of a draft forward "
+                        f"(default {MIN_MATCH}); 'off': the draft every cycle")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -187,7 +201,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
     return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
-                        draft_vocab=args.draft_vocab,
+                        draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 
 
@@ -214,6 +228,15 @@ def vocab_arg(text: str) -> int | str | None:
     """argparse type for --draft-vocab: a token count, 'auto' or 'off'."""
     return _auto_off_or(text, int, lambda v: v >= MIN_DRAFT_VOCAB,
                         f"a token count of at least {MIN_DRAFT_VOCAB}")
+
+
+def lookup_arg(text: str) -> int | None:
+    """argparse type for --lookup: a match length of at least 2, or 'off'."""
+    if text == "off":
+        return None
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a token count of at least 2, or 'off'")
+    return int(text)
 
 
 def json_object_arg(text: str) -> dict:

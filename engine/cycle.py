@@ -17,6 +17,7 @@ import mlx.core as mx
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
+from .lookup import SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
@@ -162,17 +163,32 @@ class DraftProposer:
 
     `propose(staged, size, position)` returns the verify input [1, <= size] (staged token
     first); tests and the synthetic benchmark subclass it to propose other tokens while the
-    draft's context still follows every commit."""
+    draft's context still follows every commit. With a `lookup` (seeded with the context's
+    tokens), a cycle whose latest tokens repeat earlier ones proposes what followed them
+    instead, without a draft forward; `looked_up` says which the last proposal was."""
 
     target: TargetAdapter
     draft: DFlashDraft
     head: DraftHead | None = None  # None: the target's full lm_head
     min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
     cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
+    lookup: SuffixLookup | None = None
+    looked_up: bool = False
 
     def __post_init__(self) -> None:
         if not self.cache:
             self.cache = self.draft.make_cache()
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Committed tokens, in order (the lookup's context grows with them)."""
+        if self.lookup is not None:
+            self.lookup.extend(tokens)
+
+    def _looked_up(self, size: int) -> list[int]:
+        """The lookup's proposal of up to size - 1 tokens ([] when there is none)."""
+        found = self.lookup.propose(size - 1) if self.lookup is not None and size > 1 else []
+        self.looked_up = bool(found)
+        return found
 
     @property
     def tap_ids(self) -> Sequence[int]:
@@ -184,12 +200,31 @@ class DraftProposer:
         self.draft.append_context(taps, self.cache)
 
     def propose(self, staged: int, size: int, position: int) -> mx.array:
-        return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
-                       self.head)
+        found = self._looked_up(size)
+        if found:  # verified whole: a repeat tends to run on, and the draft cannot cut it
+            return mx.array([[staged] + found])
+        return self.draft_proposal(staged, size)
 
     def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler
                         ) -> tuple[mx.array, mx.array]:
-        """-> (verify input, the draft's distribution q at each drafted position [n, V])."""
+        """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
+        A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
+        a token is kept with the target's probability of it, else redrawn without it."""
+        found = self._looked_up(size)
+        if found:
+            vocab = mx.arange(self.target.vocab_size)[None]
+            q = (vocab == mx.array(found)[:, None]).astype(mx.float32)
+            return mx.array([[staged] + found], dtype=mx.int32), q
+        return self.draft_proposal_sampled(staged, size, sampler)
+
+    def draft_proposal(self, staged: int, size: int) -> mx.array:
+        """The draft forward's proposal (`propose`)."""
+        return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
+                       self.head)
+
+    def draft_proposal_sampled(self, staged: int, size: int, sampler: Sampler
+                               ) -> tuple[mx.array, mx.array]:
+        """The draft forward's sampled proposal and q (`propose_sampled`)."""
         return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
                                self.min_confidence, self.head)
 
@@ -212,6 +247,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     last = prefill(target, cache, prompt, prefill_chunk, proposer)
     staged = int(target.agree(mx.argmax(last) if sampler is None
                               else sampler.draw(sampler.probs(last)))[0])
+    proposer.observe([staged])
     yield Commit([staged], 0)
     emitted, index = 1, 0
     while emitted < max_tokens:
@@ -246,7 +282,9 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         staged = tokens[-1]
         emitted += len(tokens)
         position += a + 1
-        yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s))
+        proposer.observe(tokens)
+        yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s,
+                                           proposer.looked_up))
         if stop is not None:
             return
         index += 1

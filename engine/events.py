@@ -26,6 +26,7 @@ class CycleStats:
     draft_s: float
     verify_s: float
     rollback_s: float
+    looked_up: bool = False  # proposed by the suffix lookup (engine/lookup.py), not the draft
 
     @property
     def committed(self) -> int:
@@ -49,6 +50,7 @@ class RunningStats:
     peak_memory_bytes: int
     speculative: bool
     cached_tokens: int = 0  # prompt tokens resumed from the conversation cache, not prefilled
+    lookup_cycles: int = 0  # cycles the suffix lookup proposed (the draft the others)
 
     @property
     def tokens_per_second(self) -> float:
@@ -103,6 +105,7 @@ class GenerationResult:
     cycle_tokens: list[int] = field(default_factory=list)  # tokens per cycle, in order
     cycle_profile: dict[str, float] = field(default_factory=dict)  # summed seconds by phase
     cached_tokens: int = 0  # prompt tokens resumed from the conversation cache (0: fresh)
+    lookup_cycles: int = 0  # cycles the suffix lookup proposed (the draft the others)
 
     @property
     def total_tokens(self) -> int:

@@ -18,6 +18,7 @@ from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
+from .lookup import SuffixLookup
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -145,6 +146,7 @@ class DFlashRuntime:
             "quantization": quantization(self.model),  # None: plain float weights
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
+            "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
             "max_ctx": self.config.max_ctx,
             "family": self.target.family,
         }
@@ -203,11 +205,17 @@ class DFlashRuntime:
         reuse.append(state)
         return state
 
-    def make_proposer(self, head: DraftHead, draft_cache: list[Any]) -> DraftProposer:
-        """The cycle's proposer: the draft with its output head, verify cut and context cache.
-        The oracle cost benchmark (`dflash benchmark --oracle-tokens-per-cycle`) puts its own
-        proposer here."""
-        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache)
+    def make_proposer(self, head: DraftHead, draft_cache: list[Any], context: list[int]
+                      ) -> DraftProposer:
+        """The cycle's proposer: the draft with its output head, verify cut and context cache,
+        and the suffix lookup over `context` (the prompt's tokens). The oracle cost benchmark
+        (`dflash benchmark --oracle-tokens-per-cycle`) puts its own proposer here."""
+        lookup = None
+        if self.config.lookup_min_match is not None:
+            lookup = SuffixLookup(self.config.lookup_min_match)
+            lookup.extend(context)
+        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
+                             lookup)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],
@@ -215,7 +223,7 @@ class DFlashRuntime:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
-        proposer = self.make_proposer(head, state.draft_cache)
+        proposer = self.make_proposer(head, state.draft_cache, ids)
         todo = ids[state.cached:]
         if state.recurrent:
             # Recurrent states cannot be cut back: prefill up to the last prompt token and
@@ -263,6 +271,7 @@ class DFlashRuntime:
         detok.reset()
         tokens: list[int] = []
         cycle_tokens: list[int] = []
+        lookup_cycles = 0
         profile = {"draft": 0.0, "verify": 0.0, "rollback": 0.0}
         start = time.perf_counter()
         first_at = None
@@ -285,11 +294,12 @@ class DFlashRuntime:
                 tokens.extend(new)
                 if commit.cycle is not None:
                     cycle_tokens.append(commit.cycle.committed)
+                    lookup_cycles += commit.cycle.looked_up
                     for phase in profile:
                         profile[phase] += getattr(commit.cycle, f"{phase}_s")
                 cached = reuse[0].cached if reuse else 0
                 stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, now,
-                                    use_draft, cached)
+                                    use_draft, cached, lookup_cycles)
                 if new:
                     yield Span(tuple(new), n_draft, text, draft_text, stats, commit.cycle)
                 if finish == "stop" or len(tokens) >= max_tokens:
@@ -309,7 +319,7 @@ class DFlashRuntime:
         first_at = first_at or end
         if tail:
             stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, end, use_draft,
-                                cached)
+                                cached, lookup_cycles)
             yield Span((), 0, tail, "", stats, None)
         result = GenerationResult(
             text=self.tokenizer.decode(tokens), tokens=tokens, prompt_tokens=len(ids),
@@ -317,11 +327,13 @@ class DFlashRuntime:
             block_size=block_size, elapsed_s=end - start, prefill_s=first_at - start,
             ttft_s=first_at - start, decode_s=end - first_at, peak_memory_bytes=peak_memory(),
             cycle_tokens=cycle_tokens, cycle_profile=profile, cached_tokens=cached,
+            lookup_cycles=lookup_cycles,
         )
         yield Finished(result)
 
     def _stats(self, ids: list[int], tokens: list[int], cycles: int, start: float,
-               first_at: float, now: float, use_draft: bool, cached: int = 0) -> RunningStats:
+               first_at: float, now: float, use_draft: bool, cached: int = 0,
+               lookup_cycles: int = 0) -> RunningStats:
         prefill_s = first_at - start
         prefilled = len(ids) - cached  # tokens actually run through the target
         return RunningStats(
@@ -330,6 +342,7 @@ class DFlashRuntime:
             prefill_tokens_per_second=prefilled / prefill_s if prefill_s > 0 else 0.0,
             ctx_used=len(ids) + len(tokens), max_ctx=self.config.max_ctx,
             peak_memory_bytes=peak_memory(), speculative=use_draft, cached_tokens=cached,
+            lookup_cycles=lookup_cycles,
         )
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,

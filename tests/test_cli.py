@@ -12,7 +12,7 @@ def test_generate_streams_text_then_stats(tiny_pairs, capsys):
     out, err = capsys.readouterr()
     assert code == 0 and out.strip()
     assert "12 tokens" in err and "acceptance" in err and "tokens/cycle" in err
-    assert "(block 4, verify cut p<0.4)" in err  # the CPU default cut
+    assert "(block 4, verify cut p<0.4" in err  # the CPU default cut (then any lookup count)
 
 
 def test_bad_block_size_is_a_clear_error(tiny_pairs, capsys):

@@ -39,6 +39,19 @@ def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
         assert result.tokens == mlx_lm_greedy(rt, ids, 200), prompt
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_looked_up_proposals_stay_lossless(tiny_pairs, family):
+    """Cycles the suffix lookup proposes (a tiny random target repeats itself soon) commit
+    the target's greedy tokens too; with the lookup off the draft proposes every cycle."""
+    rt = load(tiny_pairs, family, lookup_min_match=2)
+    ids = rt.encode("one two one two one two")
+    result = rt.generate(ids, max_tokens=200, no_eos=True)
+    assert result.lookup_cycles > 0
+    assert result.tokens == mlx_lm_greedy(rt, ids, 200)
+    off = load(tiny_pairs, family, lookup_min_match=None).generate(ids, 200, no_eos=True)
+    assert off.lookup_cycles == 0 and off.tokens == result.tokens
+
+
 def test_rerun_rollback_matches_tape_replay_end_to_end(tiny_pairs):
     tape = load(tiny_pairs, "qwen3_5")
     rerun = DFlashRuntime(tape.model, tape.tokenizer, tape.draft, tape.config,

@@ -17,6 +17,7 @@ from scipy import stats
 
 from engine.cycle import DraftProposer, draw_proposal, speculative_decode
 from engine.errors import ConfigError
+from engine.lookup import SuffixLookup
 from engine.sampling import Sampler, SamplingParams
 from engine.targets.base import TargetAdapter
 
@@ -80,7 +81,7 @@ class MarkovDraft(DraftProposer):
     def append_context(self, taps) -> None:
         pass
 
-    def propose_sampled(self, staged, size, position, sampler):
+    def draft_proposal_sampled(self, staged, size, sampler):
         logits = self.table[staged, : size - 1][None]
         return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence)
 
@@ -106,16 +107,21 @@ def exact_distribution(target: np.ndarray, first: int) -> dict[tuple, float]:
     return out
 
 
-def sample_replies(target, draft, n: int, seed: int) -> list[tuple]:
-    replies = []
+def sample_replies(target, draft, n: int, seed: int, fresh_lookup=None) -> list[tuple]:
+    """`fresh_lookup()`: the draft's suffix lookup for each reply (None: no lookup)."""
+    replies, looked_up = [], 0
     for i in range(n):
         sampler = Sampler(SamplingParams(PARAMS.temperature, PARAMS.top_p, PARAMS.top_k,
                                          PARAMS.min_p, seed=seed + i))
+        if fresh_lookup is not None:
+            draft.lookup = fresh_lookup()
         tokens: list[int] = []
         for commit in speculative_decode(target, draft, [2], TOKENS, 4, 512,
                                          sampler=sampler):
             tokens += commit.tokens
+            looked_up += commit.cycle is not None and commit.cycle.looked_up
         replies.append(tuple(tokens[:TOKENS]))
+    draft.looked_up_cycles = looked_up
     return replies
 
 
@@ -148,6 +154,23 @@ def test_speculative_sampling_keeps_the_target_distribution(setup):
     target, expected, draft_table = setup
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
     replies = sample_replies(target, draft, SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_looked_up_proposals_keep_the_target_distribution(setup):
+    """A suffix lookup's proposal is certain (q one-hot): kept with the target's probability
+    of it, else the residual draws without it. Half the cycles here are looked up."""
+    target, expected, draft_table = setup
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    draft.target = target  # a looked-up q spans the target's vocabulary
+
+    def fresh_lookup():  # a context in which every token recurs: lookups on most cycles
+        found = SuffixLookup(min_match=1)
+        found.extend([4, 2, 1, 3, 2, 5, 5, 1, 0, 2])
+        return found
+
+    replies = sample_replies(target, draft, SAMPLES // 2, seed=1, fresh_lookup=fresh_lookup)
+    assert draft.looked_up_cycles > SAMPLES // 4
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 

@@ -235,7 +235,9 @@ class StatsSidebar(VerticalScroll):
             cached = s.cached_tokens
             row("cached", f"{cached} / {s.prompt_tokens} tokens")
             row("prefill tok/s", f"{s.prefill_tokens_per_second:.0f}")
-            row("cycles", f"{s.cycles}")
+            # Cycles the suffix lookup proposed (a repeat of earlier tokens), not the draft.
+            row("cycles", f"{s.cycles}" + (f" ({s.lookup_cycles} lookup)"
+                                           if s.lookup_cycles else ""))
             row("context", f"{s.ctx_used} / {s.max_ctx}")
             row("peak memory", human_bytes(s.peak_memory_bytes))
         self.query_one("#numbers", Static).update(grid)

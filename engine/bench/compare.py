@@ -88,7 +88,7 @@ def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Ite
         yield
         return
 
-    def make(head: Any, cache: list[Any]) -> OracleProposer:
+    def make(head: Any, cache: list[Any], context: list[int]) -> OracleProposer:
         oracle = Oracle(reference, opts.oracle, rt.block_size, rt.target.vocab_size,
                         opts.oracle_seed)
         return OracleProposer(rt.target, rt.draft, oracle, True, head, cache)
@@ -135,6 +135,7 @@ def cycle_json(results: list[Any]) -> dict:
         "fallback_reason": first.fallback_reason,
         "block_size": first.block_size,
         "cycles": first.cycles,
+        "lookup_cycles": first.lookup_cycles,
         "acceptance_rate": first.acceptance_rate,
         "tokens_per_cycle": first.tokens_per_cycle,
         "tokens_per_cycle_nonloop": nonloop_tokens_per_cycle(first.cycle_tokens, start),
@@ -226,6 +227,8 @@ def summarize(runs: list[dict]) -> dict:
         "tokens_per_cycle_mean": _mean([f["tokens_per_cycle"] for f in flash]),
         "tokens_per_cycle_nonloop_mean": _mean([f["tokens_per_cycle_nonloop"] for f in flash]),
         "repeat4_share_mean": _mean([r["repeat4_share"] for r in runs]),
+        "lookup_cycle_share": (sum(f["lookup_cycles"] for f in flash)
+                               / max(1, sum(f["cycles"] for f in flash))),
         "looping_runs": sum(f["loop_start"] is not None for f in flash),
         "peak_memory_bytes_max": max((f["peak_memory_bytes"] for f in flash), default=0),
         "divergences": len(diverged),
@@ -288,6 +291,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "sync_phases": profile,
                      "min_draft_confidence": None if oracle else rt.min_confidence,
                      "draft_vocab": rt.draft_vocab,
+                     "lookup_min_match": None if oracle else rt.config.lookup_min_match,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
                      else None},
         "baseline_function": baseline_function(no_eos)
@@ -306,6 +310,9 @@ def definitions() -> dict:
         "speedup": "DFlash tokens_per_second / baseline tokens_per_second (end-to-end)",
         "acceptance_rate": "1 - cycles / generated tokens (dflash-mlx's definition)",
         "tokens_per_cycle": "tokens committed by the cycles / cycles (prefill token excluded)",
+        "lookup_cycles": "cycles whose proposal was the suffix lookup's (a repeat of earlier "
+                         "tokens, settings.lookup_min_match or more long), not a draft "
+                         "forward; summary.lookup_cycle_share: their share of all cycles",
         "token_match": "DFlash tokens == baseline tokens (up to EOS, or all max_tokens with "
                        "no_eos), on every repeat; null when sampling (settings.sampling): "
                        "sampled outputs differ by design",
@@ -381,6 +388,9 @@ def print_report(report: dict, console: Any = None) -> None:
     console.print(table)
     console.print("tok/s: medians, prefill included; speed-up: median of end-to-end ratios; "
                   "non-loop: tok/cycle before the first looping 64-token window.")
+    if s.get("lookup_cycle_share"):
+        console.print(f"suffix lookup proposed {s['lookup_cycle_share']:.0%} of the cycles "
+                      "(a repeat of earlier tokens), the draft the rest.")
     for line in divergence_lines(report):
         console.print(line, highlight=False)
 

@@ -118,7 +118,7 @@ async def test_collapsed_draft_gets_a_visible_hint(pattern, collapsed):
 
 
 @pytest.mark.asyncio
-async def test_sidebar_shows_prefill_time_and_cached_prompt_tokens():
+async def test_sidebar_shows_prefill_time_cached_prompt_tokens_and_lookup_cycles():
     import io
     from types import SimpleNamespace
 
@@ -133,7 +133,7 @@ async def test_sidebar_shows_prefill_time_and_cached_prompt_tokens():
             prompt_tokens=1310, cached_tokens=1200, generated=9, cycles=4, ttft_s=0.142,
             prefill_tokens_per_second=774.6, ctx_used=1319, max_ctx=16384, speculative=True,
             peak_memory_bytes=2**30, acceptance_rate=0.556, tokens_per_cycle=2.0,
-            tokens_per_second=31.0,
+            tokens_per_second=31.0, lookup_cycles=1,
         )
         sidebar.update_stats(stats, [])
         await pilot.pause()
@@ -142,6 +142,7 @@ async def test_sidebar_shows_prefill_time_and_cached_prompt_tokens():
         rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
         assert "prefill (TTFT) 142 ms" in rows
         assert "cached 1200 / 1310 tokens" in rows
+        assert "cycles 4 (1 lookup)" in rows  # one cycle proposed by the suffix lookup
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,67 @@
+"""Suffix lookup: the tokens that followed the last time the context's latest tokens occurred.
+
+Greedy replies of small targets repeat themselves (a loop, a list's frame, a name or number
+copied from the prompt). Where the context's last `min_match` or more tokens occurred before,
+what followed them then is a proposal the target often accepts whole, further than the
+DFlash draft reaches. A proposal only; the target verifies it like any other. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+MIN_MATCH = 8  # see benchmarks/lookup-study-cpu.json for how far shorter matches carry
+MAX_MATCH = 64
+RECENT = 4  # earlier occurrences compared per proposal, most recent first
+
+
+@dataclass
+class SuffixLookup:
+    """The context's tokens (prompt, then every committed token), indexed by their n-grams."""
+
+    min_match: int = MIN_MATCH
+    tokens: list[int] = field(default_factory=list)
+    _ends: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        n = self.min_match
+        for token in tokens:
+            self.tokens.append(int(token))
+            if len(self.tokens) >= n:
+                end = len(self.tokens) - 1
+                self._ends.setdefault(tuple(self.tokens[end - n + 1:]), []).append(end)
+
+    def match(self) -> tuple[int, int]:
+        """-> (length, end) of the longest earlier occurrence of the context's last tokens
+        (ending at index `end`), among the RECENT latest ones; (0, -1) when none is
+        min_match long."""
+        n, tokens = self.min_match, self.tokens
+        if len(tokens) <= n:
+            return 0, -1
+        last = len(tokens) - 1
+        ends = self._ends.get(tuple(tokens[-n:]), [])
+        best = (0, -1)
+        for end in reversed(ends[-RECENT - 1:]):
+            if end == last:
+                continue
+            length = n
+            while (length < MAX_MATCH and end - length >= 0
+                   and tokens[end - length] == tokens[last - length]):
+                length += 1
+            if length > best[0]:
+                best = (length, end)
+        return best
+
+    def propose(self, count: int) -> list[int]:
+        """Up to `count` tokens that followed the best match (continued through the match's
+        own period where they run into the present); [] when there is no match."""
+        length, end = self.match()
+        if not length:
+            return []
+        period = len(self.tokens) - 1 - end
+        out: list[int] = []
+        for i in range(count):
+            source = end + 1 + i
+            out.append(self.tokens[source] if source < len(self.tokens) else out[i - period])
+        return out
