@@ -7,8 +7,10 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
     python scripts/draft_acceptance.py --draft D --limit 8 --walk \
         --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
 
-Reports per suite and draft: tokens/cycle, non-loop tokens/cycle and the repeated-4-gram
-share (engine.bench.metrics). The JSON records the command line that made it.
+Reports per suite and draft: tokens/cycle, non-loop tokens/cycle, the repeated-4-gram
+share (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup,
+the engine's default; `--lookup off`: the draft alone). The JSON records the command line
+that made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
 (1 + run averaged over a block anchored at every reply position: what training's validation
@@ -27,8 +29,9 @@ from pathlib import Path
 from engine.bench.environment import machine_info, versions
 from engine.bench.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
 from engine.bench.suites import SUITES, load_prompts
-from engine.config import DFlashConfig
+from engine.config import DFlashConfig, lookup_arg
 from engine.loading import load_draft_folder
+from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
 from engine.train.dataset import Dataset
 from engine.train.objective import simulate_answer
@@ -50,12 +53,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="also simulate each reply as training does (anchor mean, decode walk)")
     p.add_argument("--heldout", help="also simulate these answers (a Dataset .npz)")
     p.add_argument("--heldout-limit", type=int, default=64)
+    p.add_argument("--lookup", type=lookup_arg, default=MIN_MATCH, metavar="N|off",
+                   help=f"the suffix lookup's minimum match (default {MIN_MATCH}, as the "
+                        "engine); 'off': the draft proposes every cycle")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
+                          lookup_min_match=args.lookup)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
-              "settings": "whole blocks, full vocabulary, greedy", "machine": machine_info(),
+              "settings": "whole blocks, full vocabulary, greedy",
+              "lookup_min_match": args.lookup, "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
         draft = load_draft_folder(Path(folder))
@@ -72,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                        "tokens_per_cycle": result.tokens_per_cycle,
                        "tokens_per_cycle_nonloop":
                            nonloop_tokens_per_cycle(result.cycle_tokens, start),
-                       "repeat4_share": repeated_ngram_share(result.tokens)}
+                       "repeat4_share": repeated_ngram_share(result.tokens),
+                       "lookup_cycles": result.lookup_cycles, "cycles": result.cycles}
                 if args.walk:
                     ids = rt.encode(messages)
-                    run.update(real_cycles=list(result.cycle_tokens),
+                    run.update(real_cycles=list(result.cycle_tokens), prompt_tokens=ids,
+                               reply=list(result.tokens),
                                **simulate_answer(draft, base.target,
                                                  ids + list(result.tokens), len(ids)))
                 runs.append(run)
@@ -83,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.walk:
                 keys += ["walk", "anchor_mean"]
             rows[suite] = {k: mean(runs, k) for k in keys}
+            rows[suite]["lookup_cycle_share"] = (sum(r["lookup_cycles"] for r in runs)
+                                                 / max(1, sum(r["cycles"] for r in runs)))
             rows[suite]["runs"] = runs
             walked = (f"  walk {rows[suite]['walk']:.2f}  anchor mean "
                       f"{rows[suite]['anchor_mean']:.2f}") if args.walk else ""
             print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}  "
                   f"non-loop {rows[suite]['tokens_per_cycle_nonloop']:.2f}  "
-                  f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}{walked}", flush=True)
+                  f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}  lookup cycles "
+                  f"{rows[suite]['lookup_cycle_share']:.0%}{walked}", flush=True)
         if args.heldout:
             data = Dataset.load(Path(args.heldout))
             runs = [simulate_answer(draft, base.target, data.sequences[i], data.prompt_lens[i])

@@ -252,9 +252,11 @@ def walk_cycles(runs: Sequence[int], n: int) -> list[int]:
 def simulate_answer(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
                     prompt_len: int) -> dict:
     """Greedy acceptance on one answer, two ways: `anchor_mean` (1 + run over a block at every
-    position) and `walk` (tokens/cycle of the cycles in `walk_cycles`, as a decode counts)."""
+    position) and `walk` (tokens/cycle of the cycles in `walk_cycles`, as a decode counts);
+    `anchor_runs` holds the run at every anchor."""
     runs = anchor_runs(draft, target, seq, prompt_len)
     n = len(seq) - prompt_len
     cycles = walk_cycles(runs, n)
     return {"anchor_mean": float(1 + runs.mean()) if len(runs) else None,
-            "walk": (n - 1) / len(cycles) if cycles else None, "walk_cycles": cycles}
+            "walk": (n - 1) / len(cycles) if cycles else None, "walk_cycles": cycles,
+            "anchor_runs": [int(r) for r in runs]}
