@@ -22,6 +22,10 @@
 #   stage 12 (one H200 lent): the same files and gen-12-0.npz staged, PART=setup of
 #            run-gpu.sh, then PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=420 LR=1.5e-4
 #            B_ARGS="--distill 0.5" (not shipped; a and b together on one GPU ran out of memory)
+#   stage 13 (one H200): the same files staged with train_prompts; SEED=13 PART=gen GEN_GPUS=0
+#            GEN_S=300, then PART=ab AB_VARIANTS=a AB_S=430 LR=1.5e-4, then (one call)
+#            rm -rf /root/draft && cp -r /root/draft-a /root/draft && PART=more1 MORE_S=290
+#            LR_MORE=1.2e-4 (shipped)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
