@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from engine.bench.timing import first_mismatch
 from engine.lookup import SuffixLookup
 from engine.train.dataset import Dataset
 
@@ -43,12 +44,9 @@ def lookup_runs(prompt: Sequence[int], reply: Sequence[int], min_match: int
         if not proposal:
             out.append(None)
             continue
-        run = 0
-        for want, got in zip(reply[a + 1:], proposal):
-            if want != got:
-                break
-            run += 1
-        out.append(run)
+        future = reply[a + 1:a + 1 + len(proposal)]
+        mismatch = first_mismatch(proposal, future)
+        out.append(len(future) if mismatch is None else mismatch)
     return out
 
 

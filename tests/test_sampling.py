@@ -107,8 +107,10 @@ def exact_distribution(target: np.ndarray, first: int) -> dict[tuple, float]:
     return out
 
 
-def sample_replies(target, draft, n: int, seed: int, fresh_lookup=None) -> list[tuple]:
-    """`fresh_lookup()`: the draft's suffix lookup for each reply (None: no lookup)."""
+def sample_replies(target, draft, n: int, seed: int, fresh_lookup=None
+                   ) -> tuple[list[tuple], int]:
+    """-> (replies, cycles the lookup proposed); `fresh_lookup()`: the draft's suffix lookup
+    for each reply (None: no lookup)."""
     replies, looked_up = [], 0
     for i in range(n):
         sampler = Sampler(SamplingParams(PARAMS.temperature, PARAMS.top_p, PARAMS.top_k,
@@ -121,8 +123,7 @@ def sample_replies(target, draft, n: int, seed: int, fresh_lookup=None) -> list[
             tokens += commit.tokens
             looked_up += commit.cycle is not None and commit.cycle.looked_up
         replies.append(tuple(tokens[:TOKENS]))
-    draft.looked_up_cycles = looked_up
-    return replies
+    return replies, looked_up
 
 
 def chi_square_pvalue(replies: list[tuple], expected: dict[tuple, float]) -> float:
@@ -153,7 +154,7 @@ def setup():
 def test_speculative_sampling_keeps_the_target_distribution(setup):
     target, expected, draft_table = setup
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
-    replies = sample_replies(target, draft, SAMPLES, seed=0)
+    replies, _ = sample_replies(target, draft, SAMPLES, seed=0)
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 
@@ -169,8 +170,9 @@ def test_looked_up_proposals_keep_the_target_distribution(setup):
         found.extend([4, 2, 1, 3, 2, 5, 5, 1, 0, 2])
         return found
 
-    replies = sample_replies(target, draft, SAMPLES // 2, seed=1, fresh_lookup=fresh_lookup)
-    assert draft.looked_up_cycles > SAMPLES // 4
+    replies, looked_up = sample_replies(target, draft, SAMPLES // 2, seed=1,
+                                        fresh_lookup=fresh_lookup)
+    assert looked_up > SAMPLES // 4
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 
@@ -190,7 +192,7 @@ def test_the_test_rejects_a_wrong_acceptance_rule(setup, monkeypatch):
 
     monkeypatch.setattr(Sampler, "accept", wrong_accept)
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
-    replies = sample_replies(target, draft, WRONG_SAMPLES, seed=0)
+    replies, _ = sample_replies(target, draft, WRONG_SAMPLES, seed=0)
     assert chi_square_pvalue(replies, expected) < 1e-6
 
 
