@@ -27,7 +27,12 @@ import sys
 from pathlib import Path
 
 from engine.bench.environment import machine_info, versions
-from engine.bench.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from engine.bench.metrics import (
+    lookup_cycle_share,
+    loop_start,
+    nonloop_tokens_per_cycle,
+    repeated_ngram_share,
+)
 from engine.bench.suites import SUITES, load_prompts
 from engine.config import DFlashConfig, lookup_arg
 from engine.loading import load_draft_folder
@@ -93,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.walk:
                 keys += ["walk", "anchor_mean"]
             rows[suite] = {k: mean(runs, k) for k in keys}
-            rows[suite]["lookup_cycle_share"] = (sum(r["lookup_cycles"] for r in runs)
-                                                 / max(1, sum(r["cycles"] for r in runs)))
+            rows[suite]["lookup_cycle_share"] = lookup_cycle_share(runs)
             rows[suite]["runs"] = runs
             walked = (f"  walk {rows[suite]['walk']:.2f}  anchor mean "
                       f"{rows[suite]['anchor_mean']:.2f}") if args.walk else ""

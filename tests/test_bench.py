@@ -9,7 +9,12 @@ from script_modules import load_script
 
 from engine.bench import compare as bench
 from engine.bench.compare import benchmark_main, run_benchmark
-from engine.bench.metrics import loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from engine.bench.metrics import (
+    lookup_cycle_share,
+    loop_start,
+    nonloop_tokens_per_cycle,
+    repeated_ngram_share,
+)
 from engine.bench.suites import PACKAGED_SUITES, SUITES, BenchPrompt, load_prompts
 
 RUN_KEYS = {"prompt_id", "prompt_tokens", "baseline", "dflash", "speedup", "token_match",
@@ -121,6 +126,12 @@ def test_loop_start_and_nonloop_tokens_per_cycle():
     assert nonloop_tokens_per_cycle([2, 3, 4, 8, 8], 10) == pytest.approx(3.0)
     assert nonloop_tokens_per_cycle([2, 3, 4, 8, 8], None) == pytest.approx(5.0)
     assert nonloop_tokens_per_cycle([2, 3], 1) is None
+
+
+def test_lookup_cycle_share_pools_cycles_over_runs():
+    runs = [{"lookup_cycles": 1, "cycles": 4}, {"lookup_cycles": 3, "cycles": 6}]
+    assert lookup_cycle_share(runs) == pytest.approx(0.4)
+    assert lookup_cycle_share([]) == 0.0
 
 
 def test_missing_suite_file_is_a_clear_error(tmp_path, capsys):

@@ -31,7 +31,13 @@ from typing import Any
 from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from ..errors import DFlashError
 from .environment import environment
-from .metrics import DEFINITIONS, loop_start, nonloop_tokens_per_cycle, repeated_ngram_share
+from .metrics import (
+    DEFINITIONS,
+    lookup_cycle_share,
+    loop_start,
+    nonloop_tokens_per_cycle,
+    repeated_ngram_share,
+)
 from .oracle import Oracle, OracleProposer, consistent_reference
 from .suites import EVAL_DATA_ENV, PROMPT_FORMATS, BenchError, BenchPrompt, encode, load_prompts
 from .timing import (
@@ -227,8 +233,7 @@ def summarize(runs: list[dict]) -> dict:
         "tokens_per_cycle_mean": _mean([f["tokens_per_cycle"] for f in flash]),
         "tokens_per_cycle_nonloop_mean": _mean([f["tokens_per_cycle_nonloop"] for f in flash]),
         "repeat4_share_mean": _mean([r["repeat4_share"] for r in runs]),
-        "lookup_cycle_share": (sum(f["lookup_cycles"] for f in flash)
-                               / max(1, sum(f["cycles"] for f in flash))),
+        "lookup_cycle_share": lookup_cycle_share(flash),
         "looping_runs": sum(f["loop_start"] is not None for f in flash),
         "peak_memory_bytes_max": max((f["peak_memory_bytes"] for f in flash), default=0),
         "divergences": len(diverged),

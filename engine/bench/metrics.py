@@ -62,3 +62,8 @@ def nonloop_tokens_per_cycle(cycle_tokens: Sequence[int], start: int | None) -> 
             kept.append(committed)
             position += committed
     return sum(kept) / len(kept) if kept else None
+
+
+def lookup_cycle_share(runs: Sequence[dict]) -> float:
+    """Looked-up cycles over all cycles of runs holding `lookup_cycles` and `cycles`."""
+    return sum(r["lookup_cycles"] for r in runs) / max(1, sum(r["cycles"] for r in runs))
