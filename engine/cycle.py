@@ -21,6 +21,10 @@ from .lookup import SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
+# A short match's repeat is proposed where the draft expects at least this share of the run it
+# expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
+REPEAT_ODDS = 0.4
+
 
 @dataclass
 class Commit:
@@ -129,8 +133,50 @@ def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> 
     # Over a subset head this softmax omits the tokens outside it, so it slightly
     # overestimates the top draft's probability: fine for a heuristic of where to stop.
     top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
-    confident = int(mx.sum(mx.cumprod((top >= min_confidence).astype(mx.int32))))
-    return min(confident + 2, size)
+    return min(int(confident_run(top, min_confidence)) + 2, size)
+
+
+def confident_run(probs: mx.array, min_confidence: float) -> mx.array:
+    """How many leading proposals the draft gives at least `min_confidence` (a scalar)."""
+    return mx.sum(mx.cumprod((probs >= min_confidence).astype(mx.int32)))
+
+
+def expected_run(probs: mx.array) -> mx.array:
+    """The run a proposal is expected to reach if its tokens' probabilities `probs` [n] were
+    independent: the sum over k of the chance that the first k are all right."""
+    return mx.sum(mx.cumprod(probs))
+
+
+def choose_proposal(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
+                    staged: int, size: int, repeat: Sequence[int],
+                    min_confidence: float | None = None, head: DraftHead | None = None
+                    ) -> tuple[mx.array, mx.array]:
+    """`propose`, with `repeat` (a suffix lookup's proposal from a short match) as the
+    alternative: the draft scores both by the run it expects of them (`expected_run` of its
+    own probabilities of their tokens) and the verify input [1, <= size] holds the repeat
+    where it scores at least REPEAT_ODDS times the draft's own top tokens. The choice stays
+    on the device (no sync of its own); the verify cut, where on, applies to the draft's
+    proposal only. -> (verify input, whether the repeat was taken: a bool scalar)."""
+    head = head or DraftHead(target)
+    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
+    logits = head(draft(target.embed(block), draft_cache)[:, 1:])[0]  # [size - 1, K]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    n = min(len(repeat), size - 1)
+    index, known = head.index_of(list(repeat[:n]))
+    repeat_probs = mx.where(known, mx.exp(mx.take_along_axis(logprobs[:n], index[:, None],
+                                                             axis=-1)[:, 0]), 0.0)
+    top_probs = mx.exp(mx.max(logprobs, axis=-1))
+    take = expected_run(repeat_probs) >= REPEAT_ODDS * expected_run(top_probs)
+    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
+    tokens = mx.where(take, mx.pad(mx.array(list(repeat[:n]), dtype=block.dtype),
+                                   (0, size - 1 - n)), drafted)
+    proposal = mx.concatenate([block[0, :1], tokens])[None]
+    if min_confidence is None:
+        return proposal, take
+    cut, took = mx.stack([confident_run(top_probs, min_confidence),
+                          take.astype(mx.int32)]).tolist()  # one sync: the verify's shape
+    length = n + 1 if took else min(cut + 2, size)
+    return proposal[:, :length], take
 
 
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -165,7 +211,9 @@ class DraftProposer:
     first); tests and the synthetic benchmark subclass it to propose other tokens while the
     draft's context still follows every commit. With a `lookup` (seeded with the context's
     tokens), a cycle whose latest tokens repeat earlier ones proposes what followed them
-    instead, without a draft forward; `looked_up` says which the last proposal was."""
+    instead, without a draft forward; where they repeat fewer (a short match), the draft
+    runs and chooses between its proposal and the repeat (`choose_proposal`). `looked_up`
+    says whether the last proposal was the lookup's (read after the cycle's sync)."""
 
     target: TargetAdapter
     draft: DFlashDraft
@@ -173,7 +221,7 @@ class DraftProposer:
     min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
     cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
     lookup: SuffixLookup | None = None
-    looked_up: bool = False
+    _took_repeat: bool | mx.array = False  # the last proposal's source (an array: on device)
 
     def __post_init__(self) -> None:
         if not self.cache:
@@ -184,10 +232,17 @@ class DraftProposer:
         if self.lookup is not None:
             self.lookup.extend(tokens)
 
-    def _looked_up(self, size: int) -> list[int]:
-        """The lookup's proposal of up to size - 1 tokens ([] when there is none)."""
-        found = self.lookup.propose(size - 1) if self.lookup is not None and size > 1 else []
-        self.looked_up = bool(found)
+    @property
+    def looked_up(self) -> bool:
+        """Whether the last proposal was the lookup's."""
+        return bool(self._took_repeat)
+
+    def _looked_up(self, size: int) -> tuple[int, list[int]]:
+        """The lookup's proposal of up to size - 1 tokens and its match's length ((0, [])
+        when there is none)."""
+        found = (self.lookup.propose(size - 1) if self.lookup is not None and size > 1
+                 else (0, []))
+        self._took_repeat = bool(found[1])
         return found
 
     @property
@@ -200,21 +255,33 @@ class DraftProposer:
         self.draft.append_context(taps, self.cache)
 
     def propose(self, staged: int, size: int, position: int) -> mx.array:
-        found = self._looked_up(size)
-        if found:  # verified whole: a repeat tends to run on, and the draft cannot cut it
+        length, found = self._looked_up(size)
+        if found and length >= self.lookup_min_match:
+            # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
+        if found:
+            verify_in, self._took_repeat = choose_proposal(
+                self.target, self.draft, self.cache, staged, size, found, self.min_confidence,
+                self.head)
+            return verify_in
         return self.draft_proposal(staged, size)
+
+    @property
+    def lookup_min_match(self) -> int:
+        """The match length from which the lookup proposes without a draft forward."""
+        return self.lookup.min_match if self.lookup is not None else 0
 
     def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler
                         ) -> tuple[mx.array, mx.array]:
         """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
         A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
         a token is kept with the target's probability of it, else redrawn without it."""
-        found = self._looked_up(size)
-        if found:
+        length, found = self._looked_up(size)
+        if found and length >= self.lookup_min_match:
             vocab = mx.arange(self.target.vocab_size)[None]
             q = (vocab == mx.array(found)[:, None]).astype(mx.float32)
             return mx.array([[staged] + found], dtype=mx.int32), q
+        self._took_repeat = False  # short matches: the draft alone (no choice when sampling)
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:

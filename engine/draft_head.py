@@ -11,7 +11,7 @@ of an answer (the README's draft-vocabulary section has the measurements).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -27,6 +27,7 @@ class DraftHead:
     target: TargetAdapter
     ids: mx.array | None = None  # int32 [K], sorted: the subset's token ids; None: full head
     weight: mx.array | None = None  # [K, H]: the target head's rows for `ids`
+    _index: dict[int, int] = field(default_factory=dict, repr=False)  # token id -> row
 
     @property
     def size(self) -> int:
@@ -41,6 +42,17 @@ class DraftHead:
     def token_ids(self, index: mx.array) -> mx.array:
         """Indices into this head's logits -> token ids."""
         return index if self.ids is None else self.ids[index]
+
+    def index_of(self, tokens: Sequence[int]) -> tuple[mx.array, mx.array]:
+        """Token ids -> (their indices into this head's logits, whether the head has them);
+        a token outside the subset gets index 0 and False."""
+        if self.ids is None:
+            return mx.array(tokens, dtype=mx.int32), mx.ones(len(tokens), dtype=mx.bool_)
+        if not self._index:
+            self._index = {t: i for i, t in enumerate(self.ids.tolist())}
+        rows = [self._index.get(t, -1) for t in tokens]
+        return (mx.array([max(r, 0) for r in rows], dtype=mx.int32),
+                mx.array([r >= 0 for r in rows], dtype=mx.bool_))
 
 
 def build_draft_head(target: TargetAdapter, ranking: Sequence[int] | None, size: int | None,

@@ -3,7 +3,9 @@
 Greedy replies of small targets repeat themselves (a loop, a list's frame, a name or number
 copied from the prompt). Where the context's last `min_match` or more tokens occurred before,
 what followed them then is a proposal the target often accepts whole, further than the
-DFlash draft reaches. A proposal only; the target verifies it like any other. Pure Python.
+DFlash draft reaches. A shorter match (from `short_match` tokens) is only an alternative: the
+cycle still runs the draft and keeps whichever proposal the draft itself expects to run further
+(`cycle.choose_proposal`). A proposal only; the target verifies it like any other. Pure Python.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 MIN_MATCH = 8  # see benchmarks/lookup-study-cpu.json for how far shorter matches carry
+SHORT_MATCH = 2  # shorter matches than min_match: an alternative to the draft's proposal
 MAX_MATCH = 64
 RECENT = 4  # earlier occurrences compared per proposal, most recent first
 
@@ -21,22 +24,31 @@ class SuffixLookup:
     """The context's tokens (prompt, then every committed token), indexed by their n-grams."""
 
     min_match: int = MIN_MATCH
+    short_match: int = SHORT_MATCH  # >= min_match: no short matches
     tokens: list[int] = field(default_factory=list)
+    # n-gram -> where it ended, for n = min_match and n = short_match
     _ends: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
 
     def extend(self, tokens: Iterable[int]) -> None:
-        n = self.min_match
+        sizes = {self.min_match, min(self.short_match, self.min_match)}
         for token in tokens:
             self.tokens.append(int(token))
-            if len(self.tokens) >= n:
-                end = len(self.tokens) - 1
-                self._ends.setdefault(tuple(self.tokens[end - n + 1:]), []).append(end)
+            end = len(self.tokens) - 1
+            for n in sizes:
+                if end + 1 >= n:
+                    self._ends.setdefault(tuple(self.tokens[end - n + 1:]), []).append(end)
 
     def match(self) -> tuple[int, int]:
         """-> (length, end) of the longest earlier occurrence of the context's last tokens
-        (ending at index `end`), among the RECENT latest ones; (0, -1) when none is
-        min_match long."""
-        n, tokens = self.min_match, self.tokens
+        (ending at index `end`), among the RECENT latest ones of the last min_match tokens,
+        else of the last short_match ones; (0, -1) when there is none."""
+        found = self._match(self.min_match)
+        if not found[0] and self.short_match < self.min_match:
+            found = self._match(self.short_match)
+        return found
+
+    def _match(self, n: int) -> tuple[int, int]:
+        tokens = self.tokens
         if len(tokens) <= n:
             return 0, -1
         last = len(tokens) - 1
@@ -53,15 +65,16 @@ class SuffixLookup:
                 best = (length, end)
         return best
 
-    def propose(self, count: int) -> list[int]:
-        """Up to `count` tokens that followed the best match (continued through the match's
-        own period where they run into the present); [] when there is no match."""
+    def propose(self, count: int) -> tuple[int, list[int]]:
+        """-> (match length, up to `count` tokens that followed the best match, continued
+        through the match's own period where they run into the present); (0, []) when there
+        is no match."""
         length, end = self.match()
         if not length:
-            return []
+            return 0, []
         period = len(self.tokens) - 1 - end
         out: list[int] = []
         for i in range(count):
             source = end + 1 + i
             out.append(self.tokens[source] if source < len(self.tokens) else out[i - period])
-        return out
+        return length, out

@@ -35,12 +35,12 @@ BLOCK = 16
 def lookup_runs(prompt: Sequence[int], reply: Sequence[int], min_match: int
                 ) -> list[int | None]:
     """Per anchor a (reply token a staged): the lookup proposal's run, None without one."""
-    found = SuffixLookup(min_match)
+    found = SuffixLookup(min_match, short_match=min_match)  # no shorter matches
     found.extend(prompt)
     out: list[int | None] = []
     for a in range(len(reply) - 1):
         found.extend([reply[a]])
-        proposal = found.propose(BLOCK - 1)
+        _, proposal = found.propose(BLOCK - 1)
         if not proposal:
             out.append(None)
             continue

@@ -52,6 +52,58 @@ def test_looked_up_proposals_stay_lossless(tiny_pairs, family):
     assert off.lookup_cycles == 0 and off.tokens == result.tokens
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("odds", [0.0, 1e9])
+@pytest.mark.parametrize("cut", [None, 0.3])
+def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkeypatch):
+    """Short matches (2 to min_match - 1 tokens) leave the choice to the draft: odds 0 takes
+    every repeat, 1e9 none; either way, cut or not, the output is the target's greedy."""
+    import engine.cycle
+
+    choices = []
+
+    def counted(*args, **kwargs):
+        verify_in, took = choose_proposal(*args, **kwargs)
+        choices.append(bool(took))
+        return verify_in, took
+
+    choose_proposal = engine.cycle.choose_proposal
+    monkeypatch.setattr(engine.cycle, "choose_proposal", counted)
+    monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", odds)
+    rt = load(tiny_pairs, family, lookup_min_match=12, min_draft_confidence=cut)
+    ids = rt.encode("one two three one two three four one two three one two")
+    result = rt.generate(ids, max_tokens=120, no_eos=True)
+    assert choices and set(choices) == {odds == 0.0}
+    assert result.tokens == mlx_lm_greedy(rt, ids, 120)
+
+
+def test_choose_proposal_takes_the_repeat_or_the_drafts(tiny_pairs, monkeypatch):
+    import engine.cycle
+    from engine.cycle import choose_proposal, propose
+    from engine.draft_head import build_draft_head
+
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("one two three")
+    repeat = [5, 6, 7, 8] * 4
+    for head in (None, build_draft_head(rt.target, list(range(0, 400, 2)), 100, ids)):
+        dcache = rt.draft.make_cache()
+        prefill(rt.target, rt.target.make_cache(), ids, 512,
+                DraftProposer(rt.target, rt.draft, cache=dcache))
+        drafted = propose(rt.target, rt.draft, dcache, 3, 16, head=head)
+        monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 0.0)
+        verify_in, took = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, head=head)
+        assert bool(took) and verify_in.tolist() == [[3] + repeat[:15]]
+        # cut on: a taken repeat is verified whole, a draft proposal cut as `propose` cuts it
+        verify_in, _ = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, 0.5, head)
+        assert verify_in.tolist() == [[3] + repeat[:15]]
+        monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 1e9)
+        verify_in, took = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, head=head)
+        assert not bool(took) and verify_in.tolist() == drafted.tolist()
+        verify_in, _ = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, 0.5, head)
+        assert verify_in.tolist() == propose(rt.target, rt.draft, dcache, 3, 16, 0.5,
+                                             head).tolist()
+
+
 def test_rerun_rollback_matches_tape_replay_end_to_end(tiny_pairs):
     tape = load(tiny_pairs, "qwen3_5")
     rerun = DFlashRuntime(tape.model, tape.tokenizer, tape.draft, tape.config,
