@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
             sizes: tuple[int, ...] = (1, 16)) -> dict:
+    import engine  # noqa: F401, I001  (first: its CPU BLAS must load before MLX)
     import mlx.core as mx
 
     from engine.bench.environment import machine_info, versions
