@@ -23,13 +23,15 @@
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
-# Each part fits one device call (< 10 minutes).
+# Each part fits one device call (< 10 minutes). A benchmark step stops after BENCH_S seconds
+# (default 400: the first suite on a fresh machine once ran past the 200 s allowed before,
+# leaving no row).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache DFLASH_EVAL_DATA=.carry/data
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 step() { echo "== $*"; timeout "$1" "${@:2}" 2>&1 | tail -${TAIL:-25}; }
 DRAFT=${DRAFT:-engine/drafts/smollm2-135m-instruct-dflash}
-bench() { step 200 python3 -m engine.cli benchmark --draft "$DRAFT" ${ARGS:-} "$@"; }
+bench() { step ${BENCH_S:-400} python3 -m engine.cli benchmark --draft "$DRAFT" ${ARGS:-} "$@"; }
 rows() {  # the README's H200 rows: three suites at 256 tokens
   for suite in mt-bench humaneval gsm8k; do
     bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 --json "$OUT/smollm2-$suite${SUFFIX:-}-h200.json"
