@@ -13,7 +13,8 @@ draft's run, the repeat's run, the match length, and the draft's probabilities o
 top tokens and of the repeat's tokens. A rule "repeat where expected_run(repeat) >=
 odds x expected_run(top)" (`engine.cycle.choose_proposal`) is then walked as a decode walks
 (`engine.train.objective.walk_cycles`) for a range of odds; `best_of` takes the longer run
-(a perfect choice). The held-out answers pick `engine.cycle.REPEAT_ODDS`.
+(a perfect choice). The held-out answers pick `engine.cycle.REPEAT_ODDS`; the `direct_*` rows
+check the lookup's minimum match (from which the repeat skips the draft and the choice).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from engine.bench.suites import SUITES, load_prompts
 from engine.bench.timing import first_mismatch
 from engine.config import DFlashConfig
+from engine.cycle import REPEAT_ODDS
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH, SuffixLookup
 from engine.runtime import DFlashRuntime
@@ -35,6 +37,7 @@ from engine.train.dataset import Dataset
 from engine.train.objective import anchored_batch, slot_logits, target_taps, walk_cycles
 
 ODDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+DIRECT = (3, 4, 6, 8, 12)  # other match lengths from which the repeat skips the choice
 CHUNK = 32
 
 
@@ -80,11 +83,12 @@ def expected_run(probs: np.ndarray) -> float:
     return float(np.cumprod(probs).sum())
 
 
-def rule(odds: float | None, short: int = 2):
-    """-> choose(row) for walk: the engine's rule at these odds (None: never the short
-    repeat, the engine before the choice existed)."""
+def rule(odds: float | None, direct: int = MIN_MATCH, short: int = 2):
+    """-> choose(row): the engine's rule at these odds, the repeat taken without a choice
+    from `direct` matching tokens (None: never the short repeat, the engine before the
+    choice existed)."""
     def choose(row: dict) -> tuple[int, bool]:
-        if row["m"] >= MIN_MATCH:
+        if row["m"] >= direct:
             return row["r"], True
         if (odds is not None and row["m"] >= short
                 and expected_run(row["rep"]) >= odds * expected_run(row["top"])):
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         found = {"no_choice": pooled(replies, rule(None)), "best_of": pooled(replies, best_of)}
         for odds in ODDS:
             found[f"odds_{odds}"] = pooled(replies, rule(odds))
+        for direct in DIRECT:  # shorter matches than direct go through the choice
+            found[f"direct_{direct}"] = pooled(replies, rule(REPEAT_ODDS, direct))
         result["sets"][name] = found
         line = "  ".join(f"{k} {v['tokens_per_cycle']:.2f}" for k, v in found.items())
         print(f"{name:9s} ({len(replies)} replies)  {line}", flush=True)
