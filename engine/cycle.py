@@ -124,6 +124,26 @@ def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: in
     return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
 
 
+def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
+                   sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None
+                   ) -> tuple[mx.array, mx.array, mx.array]:
+    """`draw_proposal` with `repeat` as the alternative, chosen as `choose_proposal` does but
+    on the draft's processed distribution q. The choice reads the draft alone, so either
+    proposal keeps speculative sampling exact with its own q: the draws' q, or the repeat's
+    (one-hot). -> (verify input, q over the vocabulary [n, V], whether the repeat was taken)."""
+    q = sampler.probs(logits[0])
+    drawn = head.token_ids(sampler.draw(q)).astype(mx.int32)
+    take, tokens = take_repeat(q, head, repeat, drawn)
+    n = min(len(repeat), logits.shape[1])
+    one_hot = mx.arange(vocab)[None] == mx.pad(mx.array(list(repeat[:n])),
+                                               (0, logits.shape[1] - n))[:, None]
+    q = mx.where(take, one_hot.astype(mx.float32), full_vocab(q, head.ids, vocab))
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
+    top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))  # as the cut
+    length = choice_length(take, top, len(repeat), min_confidence, logits.shape[1] + 1)
+    return proposal[:, :length], q[: length - 1], take
+
+
 def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> int:
     """How much of a proposal to verify: all `size` tokens, or with `min_confidence` up to
     and including the first draft the draft gives less than that probability (a host sync:
@@ -160,23 +180,36 @@ def choose_proposal(target: TargetAdapter, draft: DFlashDraft, draft_cache: list
     head = head or DraftHead(target)
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     logits = head(draft(target.embed(block), draft_cache)[:, 1:])[0]  # [size - 1, K]
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    n = min(len(repeat), size - 1)
+    probs = mx.softmax(logits, axis=-1, precise=True)
+    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
+    take, tokens = take_repeat(probs, head, repeat, drafted)
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
+    return proposal[:, :choice_length(take, mx.max(probs, axis=-1), len(repeat),
+                                      min_confidence, size)], take
+
+
+def take_repeat(probs: mx.array, head: DraftHead, repeat: Sequence[int], drafted: mx.array
+                ) -> tuple[mx.array, mx.array]:
+    """The choice of `choose_proposal`: the draft's distributions `probs` [n, K] over its
+    head, its own proposal `drafted` [n] (token ids). -> (whether the repeat is taken, a
+    bool scalar; the proposed tokens [n]: the repeat's or the drafts)."""
+    n = min(len(repeat), probs.shape[0])
     index, known = head.index_of(list(repeat[:n]))
-    repeat_probs = mx.where(known, mx.exp(mx.take_along_axis(logprobs[:n], index[:, None],
-                                                             axis=-1)[:, 0]), 0.0)
-    top_probs = mx.exp(mx.max(logprobs, axis=-1))
-    take = expected_run(repeat_probs) >= REPEAT_ODDS * expected_run(top_probs)
-    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
-    tokens = mx.where(take, mx.pad(mx.array(list(repeat[:n]), dtype=block.dtype),
-                                   (0, size - 1 - n)), drafted)
-    proposal = mx.concatenate([block[0, :1], tokens])[None]
+    repeat_probs = mx.where(known, mx.take_along_axis(probs[:n], index[:, None], axis=-1)[:, 0],
+                            0.0)
+    take = expected_run(repeat_probs) >= REPEAT_ODDS * expected_run(mx.max(probs, axis=-1))
+    tokens = mx.pad(mx.array(list(repeat[:n]), dtype=mx.int32), (0, probs.shape[0] - n))
+    return take, mx.where(take, tokens, drafted)
+
+
+def choice_length(take: mx.array, top: mx.array, repeat: int, min_confidence: float | None,
+                  size: int) -> int:
+    """How much of a chosen proposal to verify: a taken repeat whole, the drafts as
+    `verify_length` cuts them (with the cut on, one sync reads the cut and the choice)."""
     if min_confidence is None:
-        return proposal, take
-    cut, took = mx.stack([confident_run(top_probs, min_confidence),
-                          take.astype(mx.int32)]).tolist()  # one sync: the verify's shape
-    length = n + 1 if took else min(cut + 2, size)
-    return proposal[:, :length], take
+        return size
+    cut, took = mx.stack([confident_run(top, min_confidence), take.astype(mx.int32)]).tolist()
+    return min(repeat, size - 1) + 1 if took else min(cut + 2, size)
 
 
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -281,7 +314,11 @@ class DraftProposer:
             vocab = mx.arange(self.target.vocab_size)[None]
             q = (vocab == mx.array(found)[:, None]).astype(mx.float32)
             return mx.array([[staged] + found], dtype=mx.int32), q
-        self._took_repeat = False  # short matches: the draft alone (no choice when sampling)
+        if found:
+            verify_in, q, self._took_repeat = draw_or_repeat(
+                staged, self.draft_logits(staged, size), self.head or DraftHead(self.target),
+                self.target.vocab_size, sampler, found, self.min_confidence)
+            return verify_in, q
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:
@@ -294,6 +331,13 @@ class DraftProposer:
         """The draft forward's sampled proposal and q (`propose_sampled`)."""
         return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
                                self.min_confidence, self.head)
+
+    def draft_logits(self, staged: int, size: int) -> mx.array:
+        """One draft forward on [staged, mask x (size-1)] -> logits over its head
+        [1, size - 1, K] (size > 1)."""
+        head = self.head or DraftHead(self.target)
+        block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
+        return head(self.draft(self.target.embed(block), self.cache)[:, 1:])
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 
 from engine.cycle import DraftProposer, draw_proposal, speculative_decode
+from engine.draft_head import DraftHead
 from engine.errors import ConfigError
 from engine.lookup import SuffixLookup
 from engine.sampling import Sampler, SamplingParams
@@ -71,6 +72,7 @@ class MarkovDraft(DraftProposer):
     def __init__(self, table: np.ndarray, ids: list[int], min_confidence: float | None):
         self.table = mx.array(table, dtype=mx.float32)  # [V, B - 1, len(ids)]
         self.ids = mx.array(ids, dtype=mx.int32)
+        self.head = DraftHead(None, self.ids)  # the subset's token ids (no weights needed)
         self.min_confidence = min_confidence
         self.cache: list = []
 
@@ -81,8 +83,11 @@ class MarkovDraft(DraftProposer):
     def append_context(self, taps) -> None:
         pass
 
+    def draft_logits(self, staged, size):
+        return self.table[staged, : size - 1][None]
+
     def draft_proposal_sampled(self, staged, size, sampler):
-        logits = self.table[staged, : size - 1][None]
+        logits = self.draft_logits(staged, size)
         return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence)
 
 
@@ -173,6 +178,36 @@ def test_looked_up_proposals_keep_the_target_distribution(setup):
     replies, looked_up = sample_replies(target, draft, SAMPLES // 2, seed=1,
                                         fresh_lookup=fresh_lookup)
     assert looked_up > SAMPLES // 4
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_short_match_choices_keep_the_target_distribution(setup, monkeypatch):
+    """Short matches leave the choice to the draft (`draw_or_repeat`): a cycle proposes the
+    repeat (q one-hot) or the draft's draws (its q). Both happen here, and the replies keep
+    the target's distribution."""
+    import engine.cycle
+
+    target, expected, draft_table = setup
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    draft.target = target
+    monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 0.5)
+
+    def fresh_lookup():  # every match is short: the draft chooses each time
+        found = SuffixLookup(min_match=99, short_match=1)
+        found.extend([4, 2, 1, 3, 2, 5, 5, 1, 0, 2])
+        return found
+
+    choices = []
+    choose = engine.cycle.draw_or_repeat
+
+    def counted(*args, **kwargs):
+        out = choose(*args, **kwargs)
+        choices.append(bool(out[2]))
+        return out
+
+    monkeypatch.setattr(engine.cycle, "draw_or_repeat", counted)
+    replies, _ = sample_replies(target, draft, SAMPLES // 2, seed=2, fresh_lookup=fresh_lookup)
+    assert SAMPLES // 20 < sum(choices) < len(choices) - SAMPLES // 20  # both, often
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 
@@ -270,3 +305,4 @@ def test_cli_sampling_flags(tiny_pairs, capsys):
     err = capsys.readouterr().err
     assert "temperature=-1.0 is invalid. Fix: use 0 (greedy) or more." in err
     assert "Traceback" not in err
+
