@@ -26,6 +26,9 @@
 #            GEN_S=300, then PART=ab AB_VARIANTS=a AB_S=430 LR=1.5e-4, then (one call)
 #            rm -rf /root/draft && cp -r /root/draft-a /root/draft && PART=more1 MORE_S=290
 #            LR_MORE=1.2e-4 (shipped)
+#   stage 14 (one H200, the kept answers gone with the last machine's cache): the GGUF and
+#            train_prompts staged; SEED=14 PART=gen GEN_GPUS=0 GEN_S=420, then PART=ab
+#            AB_VARIANTS=a AB_S=420 LR=1.5e-4 (not shipped: held-out 3.95 against 4.03)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
