@@ -227,13 +227,16 @@ def commit_row(verify_in: mx.array, accepted: mx.array, following: mx.array) -> 
                            following.reshape(1).astype(mx.int32)])
 
 
-def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array
-                ) -> tuple[int, list[int]]:
-    """The cycle's one host sync: the accepted count a and the committed tokens (the a kept
-    drafts, then the target's token after them) come back in one read."""
-    values = commit_row(verify_in, accepted, following).tolist()
-    a = values[0]
-    return a, values[1:1 + a] + [values[-1]]
+def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array,
+                flag: bool | mx.array = False) -> tuple[int, list[int], bool]:
+    """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
+    drafts, then the target's token after them) and `flag` (a bool, or a bool scalar still
+    on the device: the proposer's choice) come back in one read."""
+    first = flag.reshape(1).astype(mx.int32) if isinstance(flag, mx.array) else mx.array([0])
+    values = mx.concatenate([first, commit_row(verify_in, accepted, following)]).tolist()
+    a = values[1]
+    took = bool(values[0]) if isinstance(flag, mx.array) else flag
+    return a, values[2:2 + a] + [values[-1]], took
 
 
 @dataclass
@@ -245,8 +248,9 @@ class DraftProposer:
     draft's context still follows every commit. With a `lookup` (seeded with the context's
     tokens), a cycle whose latest tokens repeat earlier ones proposes what followed them
     instead, without a draft forward; where they repeat fewer (a short match), the draft
-    runs and chooses between its proposal and the repeat (`choose_proposal`). `looked_up`
-    says whether the last proposal was the lookup's (read after the cycle's sync)."""
+    runs and chooses between its proposal and the repeat (`choose_proposal`). `took_repeat`
+    says whether the last proposal was the lookup's: a bool, or where the device chose, a
+    bool scalar that the cycle's one read (`read_commit`) brings back."""
 
     target: TargetAdapter
     draft: DFlashDraft
@@ -254,7 +258,7 @@ class DraftProposer:
     min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
     cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
     lookup: SuffixLookup | None = None
-    _took_repeat: bool | mx.array = False  # the last proposal's source (an array: on device)
+    took_repeat: bool | mx.array = False
 
     def __post_init__(self) -> None:
         if not self.cache:
@@ -265,17 +269,12 @@ class DraftProposer:
         if self.lookup is not None:
             self.lookup.extend(tokens)
 
-    @property
-    def looked_up(self) -> bool:
-        """Whether the last proposal was the lookup's."""
-        return bool(self._took_repeat)
-
     def _looked_up(self, size: int) -> tuple[int, list[int]]:
         """The lookup's proposal of up to size - 1 tokens and its match's length ((0, [])
         when there is none)."""
         found = (self.lookup.propose(size - 1) if self.lookup is not None and size > 1
                  else (0, []))
-        self._took_repeat = bool(found[1])
+        self.took_repeat = bool(found[1])
         return found
 
     @property
@@ -293,7 +292,7 @@ class DraftProposer:
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
         if found:
-            verify_in, self._took_repeat = choose_proposal(
+            verify_in, self.took_repeat = choose_proposal(
                 self.target, self.draft, self.cache, staged, size, found, self.min_confidence,
                 self.head)
             return verify_in
@@ -315,7 +314,7 @@ class DraftProposer:
             q = (vocab == mx.array(found)[:, None]).astype(mx.float32)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if found:
-            verify_in, q, self._took_repeat = draw_or_repeat(
+            verify_in, q, self.took_repeat = draw_or_repeat(
                 staged, self.draft_logits(staged, size), self.head or DraftHead(self.target),
                 self.target.vocab_size, sampler, found, self.min_confidence)
             return verify_in, q
@@ -383,7 +382,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         verify_s = clock.lap(accepted, following)
 
-        a, tokens = read_commit(verify_in, accepted, following)
+        a, tokens, looked_up = read_commit(verify_in, accepted, following, proposer.took_repeat)
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
         target.rollback(cache, keep=keep, verified=size)
@@ -395,7 +394,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         position += a + 1
         proposer.observe(tokens)
         yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s,
-                                           proposer.looked_up))
+                                           looked_up))
         if stop is not None:
             return
         index += 1

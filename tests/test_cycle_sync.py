@@ -85,6 +85,29 @@ def test_a_whole_block_cycle_reads_the_device_once(tiny_pairs, family):
     assert tokens == want  # still plain greedy decoding, bit for bit
 
 
+@pytest.mark.parametrize("odds", [0.0, 1e9])
+def test_a_short_match_choice_stays_on_the_device(tiny_pairs, odds, monkeypatch):
+    """The draft's choice between its drafts and a repeat (every short match here) comes back
+    with the commit: still one read per cycle, whichever it takes."""
+    import engine.cycle
+    from engine.lookup import SuffixLookup
+
+    monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", odds)
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("one two one two one two")
+    lookup = SuffixLookup(min_match=99)
+    lookup.extend(ids)
+    proposer = DraftProposer(rt.target, rt.draft, lookup=lookup)
+    commits = list(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
+    looked_up = [c.cycle.looked_up for c in commits if c.cycle is not None]
+    assert any(looked_up) == (odds == 0.0)
+    lookup = SuffixLookup(min_match=99)
+    lookup.extend(ids)
+    proposer = DraftProposer(rt.target, rt.draft, lookup=lookup)
+    per_cycle, _ = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
+    assert len(per_cycle) > 3 and set(per_cycle) == {1}
+
+
 def test_the_verify_cut_adds_one_read_between_draft_and_verify(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     ids = rt.encode("Hello world")
