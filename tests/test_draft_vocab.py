@@ -221,7 +221,7 @@ def test_cli_reports_the_draft_vocab(ranked, tmp_path, capsys):
     base = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "Hi",
             "--max-tokens", "8", "--no-eos"]
     assert main(base + ["--draft-vocab", "256"]) == 0
-    assert "verify cut p<0.4, draft vocab 256)" in capsys.readouterr().err
+    assert "verify cut p<0.4, draft vocab 256" in capsys.readouterr().err
     assert main(base + ["--draft-vocab", "off"]) == 0
     assert "draft vocab" not in capsys.readouterr().err
     out = tmp_path / "report.json"

@@ -203,7 +203,8 @@ def test_simulated_walk_is_the_real_whole_block_decode(pair):
 
     _, draft_dir, model, tokenizer = pair
     draft = load_draft_folder(draft_dir)
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
+    # the draft alone (no suffix lookup): what the simulation walks
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None)
     rt = DFlashRuntime(model, tokenizer, draft, config)
     prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
     replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.asyncio
 
 
 async def test_send_streams_reply_and_sidebar_changes(make_app):
-    app = make_app()
+    # Long enough that the real engine streams over many cycles even where the suffix lookup
+    # commits a whole block at once (a tiny random target repeats itself soon).
+    app = make_app(max_tokens=96)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: engine_ready(app))
         assert app.focused is app.chat.query_one(PromptInput)  # prompt focused at start
