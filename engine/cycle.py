@@ -134,14 +134,23 @@ def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
     q = sampler.probs(logits[0])
     drawn = head.token_ids(sampler.draw(q)).astype(mx.int32)
     take, tokens = take_repeat(q, head, repeat, drawn)
-    n = min(len(repeat), logits.shape[1])
-    one_hot = mx.arange(vocab)[None] == mx.pad(mx.array(list(repeat[:n])),
-                                               (0, logits.shape[1] - n))[:, None]
-    q = mx.where(take, one_hot.astype(mx.float32), full_vocab(q, head.ids, vocab))
+    q = mx.where(take, one_hot(tokens, vocab), full_vocab(q, head.ids, vocab))
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
-    top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))  # as the cut
-    length = choice_length(take, top, len(repeat), min_confidence, logits.shape[1] + 1)
+    length = choice_length(take, top_probability(logits), len(repeat), min_confidence,
+                           logits.shape[1] + 1)
     return proposal[:, :length], q[: length - 1], take
+
+
+def one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    """A certain proposal's q: [n] token ids -> [n, vocab] float32."""
+    return (mx.arange(vocab)[None] == tokens[:, None]).astype(mx.float32)
+
+
+def top_probability(logits: mx.array) -> mx.array:
+    """Draft logits [1, n, K] -> the draft's probability of its top token at each slot [n].
+    Over a subset head this softmax omits the tokens outside it, so it slightly overestimates
+    it: fine for the heuristics that read it (the verify cut, the choice)."""
+    return mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
 
 
 def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> int:
@@ -150,10 +159,7 @@ def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> 
     the verify's shape depends on it)."""
     if min_confidence is None:
         return size
-    # Over a subset head this softmax omits the tokens outside it, so it slightly
-    # overestimates the top draft's probability: fine for a heuristic of where to stop.
-    top = mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
-    return min(int(confident_run(top, min_confidence)) + 2, size)
+    return min(int(confident_run(top_probability(logits), min_confidence)) + 2, size)
 
 
 def confident_run(probs: mx.array, min_confidence: float) -> mx.array:
@@ -167,25 +173,21 @@ def expected_run(probs: mx.array) -> mx.array:
     return mx.sum(mx.cumprod(probs))
 
 
-def choose_proposal(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
-                    staged: int, size: int, repeat: Sequence[int],
-                    min_confidence: float | None = None, head: DraftHead | None = None
-                    ) -> tuple[mx.array, mx.array]:
-    """`propose`, with `repeat` (a suffix lookup's proposal from a short match) as the
-    alternative: the draft scores both by the run it expects of them (`expected_run` of its
-    own probabilities of their tokens) and the verify input [1, <= size] holds the repeat
-    where it scores at least REPEAT_ODDS times the draft's own top tokens. The choice stays
-    on the device (no sync of its own); the verify cut, where on, applies to the draft's
-    proposal only. -> (verify input, whether the repeat was taken: a bool scalar)."""
-    head = head or DraftHead(target)
-    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
-    logits = head(draft(target.embed(block), draft_cache)[:, 1:])[0]  # [size - 1, K]
-    probs = mx.softmax(logits, axis=-1, precise=True)
-    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
+def choose_proposal(staged: int, logits: mx.array, head: DraftHead, repeat: Sequence[int],
+                    min_confidence: float | None = None) -> tuple[mx.array, mx.array]:
+    """`propose` from the draft's logits [1, size - 1, K] over `head`, with `repeat` (a
+    suffix lookup's proposal from a short match) as the alternative: the draft scores both by
+    the run it expects of them (`expected_run` of its own probabilities of their tokens) and
+    the verify input [1, <= size] holds the repeat where it scores at least REPEAT_ODDS times
+    the draft's own top tokens. The choice stays on the device (no sync of its own); the
+    verify cut, where on, applies to the draft's proposal only. -> (verify input, whether the
+    repeat was taken: a bool scalar)."""
+    probs = mx.softmax(logits[0], axis=-1, precise=True)
+    drafted = head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)
     take, tokens = take_repeat(probs, head, repeat, drafted)
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
     return proposal[:, :choice_length(take, mx.max(probs, axis=-1), len(repeat),
-                                      min_confidence, size)], take
+                                      min_confidence, logits.shape[1] + 1)], take
 
 
 def take_repeat(probs: mx.array, head: DraftHead, repeat: Sequence[int], drafted: mx.array
@@ -232,11 +234,10 @@ def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array,
     """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
     drafts, then the target's token after them) and `flag` (a bool, or a bool scalar still
     on the device: the proposer's choice) come back in one read."""
-    first = flag.reshape(1).astype(mx.int32) if isinstance(flag, mx.array) else mx.array([0])
+    first = mx.array(flag).reshape(1).astype(mx.int32)
     values = mx.concatenate([first, commit_row(verify_in, accepted, following)]).tolist()
     a = values[1]
-    took = bool(values[0]) if isinstance(flag, mx.array) else flag
-    return a, values[2:2 + a] + [values[-1]], took
+    return a, values[2:2 + a] + [values[-1]], bool(values[0])
 
 
 @dataclass
@@ -293,8 +294,8 @@ class DraftProposer:
             return mx.array([[staged] + found])
         if found:
             verify_in, self.took_repeat = choose_proposal(
-                self.target, self.draft, self.cache, staged, size, found, self.min_confidence,
-                self.head)
+                staged, self.draft_logits(staged, size), self.output_head, found,
+                self.min_confidence)
             return verify_in
         return self.draft_proposal(staged, size)
 
@@ -310,12 +311,11 @@ class DraftProposer:
         a token is kept with the target's probability of it, else redrawn without it."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
-            vocab = mx.arange(self.target.vocab_size)[None]
-            q = (vocab == mx.array(found)[:, None]).astype(mx.float32)
+            q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
-                staged, self.draft_logits(staged, size), self.head or DraftHead(self.target),
+                staged, self.draft_logits(staged, size), self.output_head,
                 self.target.vocab_size, sampler, found, self.min_confidence)
             return verify_in, q
         return self.draft_proposal_sampled(staged, size, sampler)
@@ -331,12 +331,16 @@ class DraftProposer:
         return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
                                self.min_confidence, self.head)
 
+    @property
+    def output_head(self) -> DraftHead:
+        """The head the draft proposes through (the target's full lm_head when unset)."""
+        return self.head or DraftHead(self.target)
+
     def draft_logits(self, staged: int, size: int) -> mx.array:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
         [1, size - 1, K] (size > 1)."""
-        head = self.head or DraftHead(self.target)
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        return head(self.draft(self.target.embed(block), self.cache)[:, 1:])
+        return self.output_head(self.draft(self.target.embed(block), self.cache)[:, 1:])
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

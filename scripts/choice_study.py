@@ -34,7 +34,13 @@ from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH, SuffixLookup
 from engine.runtime import DFlashRuntime
 from engine.train.dataset import Dataset
-from engine.train.objective import anchored_batch, slot_logits, target_taps, walk_cycles
+from engine.train.objective import (
+    anchored_batch,
+    block_runs,
+    slot_logits,
+    target_taps,
+    walk_cycles,
+)
 
 ODDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 DIRECT = (3, 4, 6, 8, 12)  # other match lengths from which the repeat skips the choice
@@ -57,10 +63,9 @@ def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
         anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
         batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool), B,
                                draft.args.mask_token_id)
-        logits = slot_logits(draft, target, batch, taps)[0].astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        hit = (mx.argmax(logits, axis=-1) == batch.labels[0]) * batch.valid[0]
-        runs = mx.cumprod(hit, axis=-1).sum(axis=-1)
+        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+        runs = block_runs(logits, batch)[0]
+        logprobs = logits[0] - mx.logsumexp(logits[0], axis=-1, keepdims=True)
         found = []
         for a in anchors[0]:
             lookup.extend([seq[a]])

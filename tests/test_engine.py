@@ -90,16 +90,18 @@ def test_choose_proposal_takes_the_repeat_or_the_drafts(tiny_pairs, monkeypatch)
         prefill(rt.target, rt.target.make_cache(), ids, 512,
                 DraftProposer(rt.target, rt.draft, cache=dcache))
         drafted = propose(rt.target, rt.draft, dcache, 3, 16, head=head)
+        proposer = DraftProposer(rt.target, rt.draft, head=head, cache=dcache)
+        logits, out = proposer.draft_logits(3, 16), proposer.output_head
         monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 0.0)
-        verify_in, took = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, head=head)
+        verify_in, took = choose_proposal(3, logits, out, repeat)
         assert bool(took) and verify_in.tolist() == [[3] + repeat[:15]]
         # cut on: a taken repeat is verified whole, a draft proposal cut as `propose` cuts it
-        verify_in, _ = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, 0.5, head)
+        verify_in, _ = choose_proposal(3, logits, out, repeat, 0.5)
         assert verify_in.tolist() == [[3] + repeat[:15]]
         monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 1e9)
-        verify_in, took = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, head=head)
+        verify_in, took = choose_proposal(3, logits, out, repeat)
         assert not bool(took) and verify_in.tolist() == drafted.tolist()
-        verify_in, _ = choose_proposal(rt.target, rt.draft, dcache, 3, 16, repeat, 0.5, head)
+        verify_in, _ = choose_proposal(3, logits, out, repeat, 0.5)
         assert verify_in.tolist() == propose(rt.target, rt.draft, dcache, 3, 16, 0.5,
                                              head).tolist()
 
