@@ -50,7 +50,9 @@ from .timing import (
     run_baseline,
 )
 
-WARMUP_TOKENS = 8
+# The warm-up reply runs as long as a timed one (up to this): on a fresh GPU machine a reply's
+# later cycles (lookup choices, longer histories) still compiled kernels after a short one.
+WARMUP_TOKENS = 256
 
 
 @dataclass
@@ -243,7 +245,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
-    """One short generation per side so compilation and allocation are not timed."""
+    """One untimed generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
     short = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
                     opts.sampling)
