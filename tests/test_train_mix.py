@@ -318,3 +318,11 @@ def test_generation_time_shares_parse_and_bad_ones_are_refused(capsys):
     cfg = TrainConfig(**args)
     assert cfg.gamma == 3.5 and cfg.gen_shares == "magpie=0.35"
     assert TrainConfig(model="m", out="o").gamma == 7.0
+
+
+def test_magpie_turns_give_every_steer_a_turn_and_writing_the_most():
+    from engine.train.mix import MAGPIE_STEERS, MAGPIE_TURNS
+
+    turns = Counter(MAGPIE_TURNS)
+    assert set(turns) == set(range(len(MAGPIE_STEERS)))
+    assert "creative writing" in MAGPIE_STEERS[turns.most_common(1)[0][0]]

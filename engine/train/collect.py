@@ -24,6 +24,7 @@ from .dataset import Dataset, encode_prompts
 from .generate import answer_prompts, as_dataset
 from .mix import (
     MAGPIE_STEERS,
+    MAGPIE_TURNS,
     Decontaminator,
     PromptRecord,
     eval_texts,
@@ -228,7 +229,7 @@ class Collector:
         cfg = self.cfg
         n = max(1, int(cfg.num_prompts * cfg.magpie_share))
         mx.random.seed(cfg.seed)
-        steers = [MAGPIE_STEERS[k % len(MAGPIE_STEERS)] for k in range(n)]
+        steers = [MAGPIE_STEERS[MAGPIE_TURNS[k % len(MAGPIE_TURNS)]] for k in range(n)]
         prefixes = {s: magpie_prefix(self.tokenizer, s) for s in MAGPIE_STEERS}
         start = time.perf_counter()
         asks = self._answer([prefixes[s] for s in steers],

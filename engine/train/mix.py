@@ -41,6 +41,10 @@ MAGPIE_STEERS = [
     "You are an expert programmer who helps users write and fix code.",
     "You are a patient tutor who explains science, history and maths step by step.",
 ]
+# The order the steers take turns in (indices into MAGPIE_STEERS): creative writing three
+# turns in eleven and role-play two, since the prompt file is thinnest there and the draft
+# weakest (MT-Bench's writing prompts; per source, ShareGPT's chat).
+MAGPIE_TURNS = (1, 0, 2, 1, 3, 4, 1, 2, 5, 6, 7)
 
 
 @dataclass(frozen=True)
