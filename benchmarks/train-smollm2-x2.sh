@@ -29,6 +29,9 @@
 #   stage 14 (one H200, the kept answers gone with the last machine's cache): the GGUF and
 #            train_prompts staged; SEED=14 PART=gen GEN_GPUS=0 GEN_S=420, then PART=ab
 #            AB_VARIANTS=a AB_S=420 LR=1.5e-4 (not shipped: held-out 3.95 against 4.03)
+#   stage 15 (one H200): the GGUF, train_prompts and gen-14-0.npz staged; SEED=15 PART=gen
+#            GEN_GPUS=0 GEN_S=420, then PART=ab AB_VARIANTS=a AB_S=420 LR=5e-5 (not shipped:
+#            held-out 4.06 against 4.03, the suites flat)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
