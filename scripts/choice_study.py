@@ -47,34 +47,43 @@ DIRECT = (3, 4, 6, 8, 12)  # other match lengths from which the repeat skips the
 CHUNK = 32
 
 
-def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
-    """Per reply anchor: draft run `d`, repeat run `r` (None: no match), match length `m`,
-    the draft's probabilities of its top tokens `top` and of the repeat's tokens `rep`."""
+def reply_blocks(draft, target, seq: list[int], prompt_len: int):
+    """The draft's block forward at every reply anchor, CHUNK anchors at a time, as in
+    training. Yields (anchors [A], logits [A, B - 1, V] in float32, runs [A]: the draft's
+    run at each anchor)."""
     import mlx.core as mx  # here: the engine's imports load the fast CPU BLAS first
 
-    B = draft.args.block_size
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
     taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
+    for lo in range(prompt_len, len(seq) - 1, CHUNK):
+        anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
+        batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
+                               draft.args.block_size, draft.args.mask_token_id)
+        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+        yield anchors[0], logits[0], block_runs(logits, batch)[0]
+
+
+def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
+    """Per reply anchor: draft run `d`, repeat run `r` (None: no match), match length `m`,
+    the draft's probabilities of its top tokens `top` and of the repeat's tokens `rep`."""
+    import mlx.core as mx
+
+    B = draft.args.block_size
     lookup = SuffixLookup(MIN_MATCH)
     lookup.extend(seq[:prompt_len])
     rows = []
-    for lo in range(prompt_len, len(seq) - 1, CHUNK):
-        anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
-        batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool), B,
-                               draft.args.mask_token_id)
-        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
-        runs = block_runs(logits, batch)[0]
-        logprobs = logits[0] - mx.logsumexp(logits[0], axis=-1, keepdims=True)
+    for anchors, logits, runs in reply_blocks(draft, target, seq, prompt_len):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         found = []
-        for a in anchors[0]:
+        for a in anchors:
             lookup.extend([seq[a]])
             found.append(lookup.propose(B - 1))
         repeats = mx.array([f[1] or [0] * (B - 1) for f in found], dtype=mx.int32)
         rep = mx.exp(mx.take_along_axis(logprobs, repeats[..., None], axis=-1)[..., 0])
         top = mx.exp(mx.max(logprobs, axis=-1))
         runs, rep, top = (np.array(x) for x in (runs, rep, top))
-        for j, a in enumerate(anchors[0]):
+        for j, a in enumerate(anchors):
             m, proposal = found[j]
             future = seq[a + 1:a + B]
             mismatch = first_mismatch(proposal[:len(future)], future) if m else None

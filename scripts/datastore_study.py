@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from choice_study import reply_blocks  # scripts/ is on the path when run
 
 from engine.bench.timing import first_mismatch
 from engine.config import DFlashConfig
@@ -28,9 +29,8 @@ from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH, SuffixLookup
 from engine.runtime import DFlashRuntime
 from engine.train.dataset import Dataset
-from engine.train.objective import anchored_batch, block_runs, slot_logits, target_taps, walk_cycles
+from engine.train.objective import walk_cycles
 
-CHUNK = 32
 ORDERS = (16, 12, 10, 8, 6, 5, 4, 3)
 MAX_HITS = 256
 P64 = np.uint64(1099511628211)
@@ -89,20 +89,12 @@ def anchor_rows(draft, target, store: Datastore, seq: list[int], prompt_len: int
     import mlx.core as mx
 
     B = draft.args.block_size
-    tokens = np.asarray(seq, np.int32)[None]
-    length = np.array([tokens.shape[1]])
-    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
     lookup = SuffixLookup(MIN_MATCH)
     lookup.extend(seq[:prompt_len])
     rows = []
-    for lo in range(prompt_len, len(seq) - 1, CHUNK):
-        anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
-        batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool), B,
-                               draft.args.mask_token_id)
-        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
-        runs = np.array(block_runs(logits, batch)[0])
-        probs = np.array(mx.softmax(logits[0], axis=-1))
-        for j, a in enumerate(anchors[0]):
+    for anchors, logits, runs in reply_blocks(draft, target, seq, prompt_len):
+        runs, probs = np.array(runs), np.array(mx.softmax(logits, axis=-1))
+        for j, a in enumerate(anchors):
             lookup.extend([seq[a]])
             future = seq[a + 1:a + B]
             row = {"d": int(runs[j]), "top": probs[j].max(-1)}
