@@ -39,7 +39,8 @@
 #               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1} and
 #               $OUT/gen-$SEED-{0,1}.npz (keep them: later sessions stage them); prompts
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
-#               again; GEN_ATTENTION=grouped picks engine's grouped decode attention,
+#               again; GEN_ATTENTION=mlx|grouped fixes the decode attention (default
+#               auto: each batch times both on its first steps and keeps the faster),
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #               GEN_SHARES the phases' shares of GEN_S (--gen-shares, e.g. magpie=0.35);
 #               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
@@ -140,7 +141,7 @@ gen)
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
       --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
-      --gen-attention ${GEN_ATTENTION:-mlx} ${GEN_ARGS:-} "${answered[@]}" \
+      --gen-attention ${GEN_ATTENTION:-auto} ${GEN_ARGS:-} "${answered[@]}" \
       ${GEN_SHARES:+--gen-shares "$GEN_SHARES"} \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done

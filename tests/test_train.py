@@ -529,13 +529,36 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
     eos = {alone[0][4], alone[3][2]}  # some rows end early, others run to the limit
     want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), len(a))] for a in alone]
     assert len({len(w) for w in want}) > 1
-    for attention, in_place in (("mlx", True), ("mlx", False), ("grouped", True)):
+    for attention, in_place in (("mlx", True), ("mlx", False), ("grouped", True),
+                                ("auto", True)):
         stats: dict = {}
         got = answer_running(model, prompts, 14, eos, width=3, refill_every=3,
                              prefill_tokens=8, attention=attention, stats=stats,
                              in_place=in_place)
         assert got == dict(enumerate(want))
         assert stats["counts"]["fills"] >= 2 and stats["counts"]["drops"] >= 2
+
+
+def test_auto_attention_times_both_ways_then_keeps_the_faster(pair):
+    """A running batch with attention "auto" decodes its first step runs alternately with
+    each way, AUTO_TRIALS each, and settles on the one with the lower best time."""
+    from engine.train.generate import AUTO_TRIALS, RunningBatch, answer_running
+
+    _, _, model, _ = pair
+    stats: dict = {}
+    answer_running(model, [[5, 17, 40], [7, 61], [1, 2, 3, 4]], 40, set(), width=3,
+                   refill_every=4, attention="auto", stats=stats)
+    assert sorted(stats["attention_trials"]) == ["grouped", "mlx"]
+    assert all(len(ms) == AUTO_TRIALS for ms in stats["attention_trials"].values())
+    fastest = min(stats["attention_trials"], key=lambda w: min(stats["attention_trials"][w]))
+    assert stats["attention"] == fastest
+    batch = RunningBatch(model, 8, set(), 2, attention="auto")
+    for way, ms in zip(["mlx", "grouped"] * AUTO_TRIALS, [5.0, 1.0, 0.5, 2.0]):
+        assert batch.attention == "auto"
+        batch._timed(way, ms)
+    assert batch.attention == "mlx"  # its best run (0.5) beats grouped's (1.0)
+    with pytest.raises(ValueError, match="attention 'fused'"):
+        RunningBatch(model, 8, set(), 2, attention="fused")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -62,7 +62,7 @@ class MixConfig:
     max_turns: int = 4
     max_prompt_len: int = 1536
     loop_keep: int = 16
-    attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    attention: str = "auto"  # a decode step's attention (generate.decode_logits, RunningBatch)
     in_place: bool = True  # each decode step queued after the last (generate.RunningBatch)
     skip_answered: tuple[str, ...] = ()  # datasets (.npz) whose prompts are not asked again
     time_shares: dict[str, float] = field(default_factory=lambda: dict(TIME_SHARES))
@@ -141,6 +141,10 @@ class Collector:
                                  attention=cfg.attention, in_place=cfg.in_place, stats=stats)
         for name, took in stats.get("seconds", {}).items():
             self.batch_seconds[name] = self.batch_seconds.get(name, 0.0) + took
+        if stats.get("attention_trials"):  # "auto": what each way cost, and the pick
+            self.say("attention: " + ", ".join(
+                f"{way} {min(ms):.4f}" for way, ms in stats["attention_trials"].items())
+                + f" ms per row-step -> {stats['attention']}")
         return answers
 
     def _fresh(self, phase: str, prompts: list[list[int]]) -> list[list[int]]:

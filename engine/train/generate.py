@@ -93,7 +93,10 @@ def pick(logits: mx.array, temperature: float) -> mx.array:
     return mx.random.categorical(logits.astype(mx.float32) / temperature)
 
 
-ATTENTION = ("mlx", "grouped")  # how a decode step attends: see decode_logits
+ATTENTION = ("mlx", "grouped", "auto")  # how a decode step attends: see decode_logits
+# "auto": a running batch's first step runs alternate the two ways, this many each, timed
+# per row-step; the faster one runs from then on (the first run of each pays its compiles)
+AUTO_TRIALS = 2
 
 
 def grouped_sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float,
@@ -131,6 +134,11 @@ def _grouped_attention(attn: nn.Module, x: mx.array, mask: mx.array | None,
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
+def groupable(target: Any) -> bool:
+    """Whether `decode_logits` can run the target's blocks with grouped attention."""
+    return not any(getattr(layer, "use_sliding", False) for layer in target.layers)
+
+
 def decode_logits(model: nn.Module, tok: mx.array, cache: list[Any], attention: str = "mlx",
                   target: Any = None) -> mx.array:
     """One decode step: each row's last token [B] -> next-token logits [B, V]. "mlx" runs
@@ -145,7 +153,7 @@ def decode_logits(model: nn.Module, tok: mx.array, cache: list[Any], attention: 
     from ..targets import adapter_for
 
     target = target or adapter_for(model)
-    if any(getattr(layer, "use_sliding", False) for layer in target.layers):
+    if not groupable(target):
         raise ValueError("grouped attention: sliding-window layers need their own mask")
     h = target.inner.embed_tokens(tok[:, None])
     mask = create_attention_mask(h, cache[0])
@@ -238,7 +246,15 @@ class RunningBatch:
         self.max_new, self.eos, self.width = max_new, eos, width
         self.temperature, self.stop_loops = temperature, stop_loops
         self.prefill_tokens = prefill_tokens  # bounds a prefill's attention scores
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: expected one of {ATTENTION}")
         self.attention, self.eager, self.in_place = attention, eager, in_place
+        # "auto": the ways still to time, and each way's ms per row-step so far
+        self.trials: dict[str, list[float]] = {}
+        self._untimed = (["mlx", "grouped"] * AUTO_TRIALS if attention == "auto"
+                         and groupable(self.target) else [])
+        if attention == "auto" and not self._untimed:
+            self.attention = "mlx"
         self.cache: list[Any] | None = None
         self.rows: list[int] = []  # prompt index of each row
         self.out: list[list[int]] = []  # tokens so far of each row
@@ -287,8 +303,9 @@ class RunningBatch:
         t0 = time.perf_counter()
         steps = []
         tok = self.tok
+        way = self._untimed[0] if self._untimed else self.attention
         for _ in range(n):
-            logits = decode_logits(self.model, tok, self.cache, self.attention, self.target)
+            logits = decode_logits(self.model, tok, self.cache, way, self.target)
             tok = pick(logits, self.temperature)
             steps.append(tok)
             if self.in_place:
@@ -298,6 +315,8 @@ class RunningBatch:
         t1 = time.perf_counter()
         new = np.array(mx.stack(steps, axis=1))
         t2 = time.perf_counter()
+        if self._untimed:
+            self._timed(way, (t2 - t0) * 1e3 / (n * len(self.rows)))
         self.counts["steps"] += n
         self.counts["row_steps"] += n * len(self.rows)
         done: dict[int, list[int]] = {}
@@ -328,6 +347,13 @@ class RunningBatch:
                            ("loops", t4 - t3), ("drop", t5 - t4)):
             self.seconds[name] += took
         return done
+
+    def _timed(self, way: str, ms_per_row_step: float) -> None:
+        """Record an "auto" trial; after the last, settle on the faster way."""
+        self.trials.setdefault(way, []).append(round(ms_per_row_step, 4))
+        self._untimed.pop(0)
+        if not self._untimed:
+            self.attention = min(self.trials, key=lambda w: min(self.trials[w]))
 
     def drop(self, keep: list[int]) -> None:
         """Keep only rows `keep` (the others ended)."""
@@ -375,7 +401,8 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
             on_done(len(done))
     if stats is not None:
         stats.update(seconds=dict(batch.seconds), counts=dict(batch.counts),
-                     wall=time.perf_counter() - start)
+                     wall=time.perf_counter() - start, attention=batch.attention,
+                     attention_trials=batch.trials)
     return answers
 
 

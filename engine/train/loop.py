@@ -84,7 +84,7 @@ class TrainConfig:
     collect_only: bool = False  # generate the data, then stop
     gen_dtype: str | None = None  # target dtype for data generation (default: --dtype)
     gen_token_budget: int = 1 << 18  # prompt + answer tokens per generation batch
-    gen_attention: str = "mlx"  # a decode step's attention (generate.decode_logits)
+    gen_attention: str = "auto"  # a decode step's attention (generate.decode_logits)
     gen_back_to_back: bool = False  # queue decode steps back to back (the old loop)
     gen_shares: str | None = None  # phase=share,... of the generation time (collect.py)
     skip_answered: list[str] = field(default_factory=list)  # datasets not to ask again
@@ -637,9 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-dtype", help="target dtype for data generation (default: --dtype)")
     p.add_argument("--gen-token-budget", type=int, default=d.gen_token_budget,
                    help="prompt + answer tokens per generation batch (bounds the KV cache)")
-    p.add_argument("--gen-attention", default=d.gen_attention, choices=["mlx", "grouped"],
-                   help="decode-step attention of data generation: mlx-lm's own, or the "
-                        "grouped products of engine.train.generate.grouped_sdpa")
+    p.add_argument("--gen-attention", default=d.gen_attention, choices=["mlx", "grouped", "auto"],
+                   help="decode-step attention of data generation: mlx-lm's own, the grouped "
+                        "products of engine.train.generate.grouped_sdpa, or auto (each "
+                        "generation batch times both on its first steps, then keeps the faster)")
     p.add_argument("--gen-back-to-back", action="store_true",
                    help="queue data generation's decode steps back to back (the old loop: "
                         "each step then copies the KV cache, see generate.RunningBatch)")
