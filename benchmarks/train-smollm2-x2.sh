@@ -32,6 +32,9 @@
 #   stage 15 (one H200): the GGUF, train_prompts and gen-14-0.npz staged; SEED=15 PART=gen
 #            GEN_GPUS=0 GEN_S=420, then PART=ab AB_VARIANTS=a AB_S=420 LR=5e-5 (not shipped:
 #            held-out 4.06 against 4.03, the suites flat)
+#   next: stage the GGUF, train_prompts, gen-14-0.npz, gen-15-0.npz and draft15.tar (the stage-15
+#            weights, tar of config.json, model.safetensors, token_ranking.json, train-log.json),
+#            then INIT=/root/stash/files/draft15.tar for the training parts
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -69,6 +72,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache NCCL_NVLS_
 MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 INIT=${INIT:-engine/drafts/smollm2-135m-instruct-dflash}
+# INIT may be a staged tar of a draft folder (an unshipped stage's weights to train on)
+if [[ $INIT == *.tar ]]; then
+  mkdir -p /root/init-tar && tar -xf "$INIT" -C /root/init-tar && INIT=/root/init-tar
+fi
 SEED=${SEED:-8}
 common=(--model "$MODEL" --depth 3 --taps 4 --intermediate-size 1024 --block-size 16
         --max-len 1024 --no-progress)
