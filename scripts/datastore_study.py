@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from choice_study import reply_blocks  # scripts/ is on the path when run
+from choice_study import expected_run, reply_blocks  # scripts/ is on the path when run
 
 from engine.bench.timing import first_mismatch
 from engine.config import DFlashConfig
@@ -113,20 +113,16 @@ def anchor_rows(draft, target, store: Datastore, seq: list[int], prompt_len: int
     return rows
 
 
-def er(p: np.ndarray) -> float:
-    return float(np.cumprod(p).sum())
-
-
 def make_rule(store_on: bool, odds: float, min_order: int, direct: int = MIN_MATCH):
     def choose(row):
-        best, score = row["d"], er(row["top"])
+        best, score = row["d"], expected_run(row["top"])
         if row["r"] is not None:
             if row["rn"] >= direct:
                 return row["r"]
-            if row["rn"] >= 2 and er(row["rp"]) >= odds * score:
-                best, score = row["r"], er(row["rp"]) / odds
+            if row["rn"] >= 2 and expected_run(row["rp"]) >= odds * score:
+                best, score = row["r"], expected_run(row["rp"]) / odds
         if (store_on and row["s"] is not None and row["sn"] >= min_order
-                and er(row["sp"]) >= odds * score):
+                and expected_run(row["sp"]) >= odds * score):
             best = row["s"]
         return best
     return choose

@@ -247,10 +247,10 @@ def summarize(runs: list[dict]) -> dict:
 def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
     """One untimed generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
-    short = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
-                    opts.sampling)
-    baseline(rt, ids, short)
-    run_dflash(rt, ids, short)
+    untimed = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
+                      opts.sampling)
+    baseline(rt, ids, untimed)
+    run_dflash(rt, ids, untimed)
 
 
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,

@@ -146,8 +146,8 @@ def decode_logits(model: nn.Module, tok: mx.array, cache: list[Any], attention: 
     llama-style blocks: pre-norm attention, then pre-norm MLP, both residual)."""
     if attention == "mlx":
         return model(tok[:, None], cache=cache)[:, -1]
-    if attention != "grouped":
-        raise ValueError(f"attention {attention!r}: expected one of {ATTENTION}")
+    if attention != "grouped":  # "auto" is a RunningBatch's choice between these two
+        raise ValueError(f"attention {attention!r}: expected 'mlx' or 'grouped'")
     from mlx_lm.models.base import create_attention_mask
 
     from ..targets import adapter_for

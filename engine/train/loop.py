@@ -41,7 +41,7 @@ from .dataset import (
     length_grouped_order,
     write_token_ranking,
 )
-from .generate import generate_dataset
+from .generate import ATTENTION, generate_dataset
 from .objective import (
     block_loss,
     low_precision_head,
@@ -637,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-dtype", help="target dtype for data generation (default: --dtype)")
     p.add_argument("--gen-token-budget", type=int, default=d.gen_token_budget,
                    help="prompt + answer tokens per generation batch (bounds the KV cache)")
-    p.add_argument("--gen-attention", default=d.gen_attention, choices=["mlx", "grouped", "auto"],
+    p.add_argument("--gen-attention", default=d.gen_attention, choices=ATTENTION,
                    help="decode-step attention of data generation: mlx-lm's own, the grouped "
                         "products of engine.train.generate.grouped_sdpa, or auto (each "
                         "generation batch times both on its first steps, then keeps the faster)")
