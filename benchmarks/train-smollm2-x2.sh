@@ -32,6 +32,10 @@
 #   stage 15 (one H200): the GGUF, train_prompts and gen-14-0.npz staged; SEED=15 PART=gen
 #            GEN_GPUS=0 GEN_S=420, then PART=ab AB_VARIANTS=a AB_S=420 LR=5e-5 (not shipped:
 #            held-out 4.06 against 4.03, the suites flat)
+#   stage 16 (one H200): the GGUF, train_prompts, gen-14-0, gen-15-0, the CPU slice
+#            (gen-16-cpu.npz) and draft15.tar staged; SEED=17 PART=gen GEN_GPUS="0 1" GEN_DEVICE=0
+#            GEN_S=420 (both slices on one GPU at once), then PART=ab AB_VARIANTS=a AB_S=420
+#            LR=8e-5 INIT=/root/stash/files/draft15.tar
 #   next: stage the GGUF, train_prompts, gen-14-0.npz, gen-15-0.npz and draft15.tar (the stage-15
 #            weights, tar of config.json, model.safetensors, token_ranking.json, train-log.json),
 #            then INIT=/root/stash/files/draft15.tar for the training parts
@@ -46,7 +50,8 @@
 #               auto: each batch times both on its first steps and keeps the faster),
 #               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
 #               GEN_SHARES the phases' shares of GEN_S (--gen-shares, e.g. magpie=0.35);
-#               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); PROBE_GPU
+#               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); GEN_DEVICE=0
+#               runs every slice's process on GPU 0 (two generators sharing one GPU); PROBE_GPU
 #               runs scripts/gpu_cycle_probe.py on a GPU left free meanwhile (issue 13), or
 #               with PROBE_PARTS="p q" those parts of benchmarks/run-gpu.sh there;
 #               TRAIN_GPU=g instead trains INIT on the answers staged before (and those in
@@ -143,7 +148,7 @@ gen)
     out=/root/gen-$SEED-$r; mkdir -p $out/phases
     cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
     width=GEN_BATCH_$r
-    CUDA_VISIBLE_DEVICES=$r timeout $(( ${GEN_S:-420} + 90 )) python3 -m engine.train "${common[@]}" \
+    CUDA_VISIBLE_DEVICES=${GEN_DEVICE:-$r} timeout $(( ${GEN_S:-420} + 90 )) python3 -m engine.train "${common[@]}" \
       --out $out --data $out/data.npz --collect-only \
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
