@@ -33,6 +33,11 @@ class DFlashConfig:
     # and a sync is cheap; whole blocks on GPUs and Metal, where a 16-token forward at
     # checkpoint precision costs little more than a 1-token one and a cycle syncs once.
     min_draft_confidence: float | str | None = "auto"
+    # With the cut on, verify the cheapest length at or above the cut's instead of exactly it:
+    # a CPU's matmuls cost more at some token counts than at longer ones. Measured once per
+    # target shape and machine, kept in the cache folder (engine/verify_lengths.py).
+    # Lossless: the extra drafts are verified like any other. False: the cut's own length.
+    padded_verify: bool = True
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
     # run). Needs the draft's token_ranking.json; without one the full head is used. "auto":
@@ -84,6 +89,9 @@ class DFlashConfig:
                 isinstance(c, str) or not 0.0 < c <= 1.0):
             raise ConfigError(f"min_draft_confidence={c!r}: use a probability in (0, 1], "
                               "'auto' or None (verify whole blocks)")
+        if not isinstance(self.padded_verify, bool):
+            raise ConfigError(f"padded_verify={self.padded_verify!r}: use True (verify the "
+                              "measured fastest length at or above the cut's) or False")
         v = self.draft_vocab
         if v != "auto" and v is not None and (
                 not isinstance(v, int) or isinstance(v, bool) or v < MIN_DRAFT_VOCAB):
@@ -125,6 +133,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify drafts only up to the first the draft gives probability < P; "
                         "'auto' (default): 0.4 on CPU, whole blocks on GPUs; 'off': whole "
                         "blocks")
+    p.add_argument("--verify-padding", choices=["on", "off"], default="on",
+                   help="with the verify cut on, verify the cheapest length at or above the "
+                        "cut's, measured once per machine (default on); 'off': the cut's own")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -201,6 +212,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
     return DFlashConfig(draft_block_size=args.block_size, max_ctx=args.max_ctx,
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
+                        padded_verify=args.verify_padding == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 

@@ -72,7 +72,7 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
             staged: int, size: int, min_confidence: float | None = None,
-            head: DraftHead | None = None) -> mx.array:
+            head: DraftHead | None = None, lengths: Sequence[int] = ()) -> mx.array:
     """One draft forward on [staged, mask x (size-1)] -> verify input [1, <= size].
 
     `head` turns the draft's hidden states into proposals (default: the target's full
@@ -80,8 +80,9 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     input stops after the first draft whose own probability is below it (that one may still
     be right; later ones rarely are): a shorter verify is cheaper where the forward's cost
     grows with its length (CPU). The cut's length is a shape, so it costs a host sync between
-    draft and verify; without it the cycle's only sync is `read_commit`. Lossless either way:
-    the target decides every token."""
+    draft and verify; without it the cycle's only sync is `read_commit`. `lengths` pads the
+    cut to a length the machine verifies faster (`padded`). Lossless either way: the target
+    decides every token."""
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     if size == 1:
         return block
@@ -89,13 +90,13 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     logits = head(draft(target.embed(block), draft_cache)[:, 1:])
     drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
     proposal = mx.concatenate([block[:, :1], drafted], axis=1)
-    return proposal[:, :verify_length(logits, min_confidence, size)]
+    return proposal[:, :verify_length(logits, min_confidence, size, lengths)]
 
 
 def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
                     staged: int, size: int, sampler: Sampler,
-                    min_confidence: float | None = None, head: DraftHead | None = None
-                    ) -> tuple[mx.array, mx.array]:
+                    min_confidence: float | None = None, head: DraftHead | None = None,
+                    lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
     """`propose` at temperature > 0: each draft is drawn from the draft's processed
     distribution q at its position. -> (verify input [1, n + 1], q over the vocabulary
     [n, V], zero outside the head's token subset)."""
@@ -104,12 +105,13 @@ def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list
         return block, mx.zeros((0, target.vocab_size))
     head = head or DraftHead(target)
     logits = head(draft(target.embed(block), draft_cache)[:, 1:])
-    return draw_proposal(staged, logits, head.ids, target.vocab_size, sampler, min_confidence)
+    return draw_proposal(staged, logits, head.ids, target.vocab_size, sampler, min_confidence,
+                         lengths)
 
 
 def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
-                  sampler: Sampler, min_confidence: float | None = None
-                  ) -> tuple[mx.array, mx.array]:
+                  sampler: Sampler, min_confidence: float | None = None,
+                  lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
     """Draft logits [1, size - 1, K] over the token subset `ids` (None: the vocabulary)
     -> (verify input [1, n + 1]: `staged`, then drafts drawn from the processed q; q over
     the vocabulary [n, V]). The verify cut shortens both: an early stop, not a rejection."""
@@ -120,13 +122,13 @@ def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: in
     if ids is not None:
         drafted = ids[drafted]
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), drafted])[None]
-    n = verify_length(logits, min_confidence, logits.shape[1] + 1)
+    n = verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)
     return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
 
 
 def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
-                   sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None
-                   ) -> tuple[mx.array, mx.array, mx.array]:
+                   sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None,
+                   lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array, mx.array]:
     """`draw_proposal` with `repeat` as the alternative, chosen as `choose_proposal` does but
     on the draft's processed distribution q. The choice reads the draft alone, so either
     proposal keeps speculative sampling exact with its own q: the draws' q, or the repeat's
@@ -137,7 +139,7 @@ def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
     q = mx.where(take, one_hot(tokens, vocab), full_vocab(q, head.ids, vocab))
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
     length = choice_length(take, top_probability(logits), len(repeat), min_confidence,
-                           logits.shape[1] + 1)
+                           logits.shape[1] + 1, lengths)
     return proposal[:, :length], q[: length - 1], take
 
 
@@ -153,13 +155,21 @@ def top_probability(logits: mx.array) -> mx.array:
     return mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
 
 
-def verify_length(logits: mx.array, min_confidence: float | None, size: int) -> int:
+def verify_length(logits: mx.array, min_confidence: float | None, size: int,
+                  lengths: Sequence[int] = ()) -> int:
     """How much of a proposal to verify: all `size` tokens, or with `min_confidence` up to
     and including the first draft the draft gives less than that probability (a host sync:
-    the verify's shape depends on it)."""
+    the verify's shape depends on it), `padded` by `lengths`."""
     if min_confidence is None:
         return size
-    return min(int(confident_run(top_probability(logits), min_confidence)) + 2, size)
+    cut = min(int(confident_run(top_probability(logits), min_confidence)) + 2, size)
+    return padded(cut, size, lengths)
+
+
+def padded(n: int, size: int, lengths: Sequence[int]) -> int:
+    """The length to verify for a cut of `n` tokens: `lengths[n]` (>= n, a length the machine
+    verifies faster: engine/verify_lengths.py) within the `size` proposed; `n` without one."""
+    return min(lengths[n], size) if n < len(lengths) else n
 
 
 def confident_run(probs: mx.array, min_confidence: float) -> mx.array:
@@ -174,7 +184,8 @@ def expected_run(probs: mx.array) -> mx.array:
 
 
 def choose_proposal(staged: int, logits: mx.array, head: DraftHead, repeat: Sequence[int],
-                    min_confidence: float | None = None) -> tuple[mx.array, mx.array]:
+                    min_confidence: float | None = None, lengths: Sequence[int] = ()
+                    ) -> tuple[mx.array, mx.array]:
     """`propose` from the draft's logits [1, size - 1, K] over `head`, with `repeat` (a
     suffix lookup's proposal from a short match) as the alternative: the draft scores both by
     the run it expects of them (`expected_run` of its own probabilities of their tokens) and
@@ -187,7 +198,7 @@ def choose_proposal(staged: int, logits: mx.array, head: DraftHead, repeat: Sequ
     take, tokens = take_repeat(probs, head, repeat, drafted)
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
     return proposal[:, :choice_length(take, mx.max(probs, axis=-1), len(repeat),
-                                      min_confidence, logits.shape[1] + 1)], take
+                                      min_confidence, logits.shape[1] + 1, lengths)], take
 
 
 def take_repeat(probs: mx.array, head: DraftHead, repeat: Sequence[int], drafted: mx.array
@@ -205,13 +216,13 @@ def take_repeat(probs: mx.array, head: DraftHead, repeat: Sequence[int], drafted
 
 
 def choice_length(take: mx.array, top: mx.array, repeat: int, min_confidence: float | None,
-                  size: int) -> int:
+                  size: int, lengths: Sequence[int] = ()) -> int:
     """How much of a chosen proposal to verify: a taken repeat whole, the drafts as
     `verify_length` cuts them (with the cut on, one sync reads the cut and the choice)."""
     if min_confidence is None:
         return size
     cut, took = mx.stack([confident_run(top, min_confidence), take.astype(mx.int32)]).tolist()
-    return min(repeat, size - 1) + 1 if took else min(cut + 2, size)
+    return min(repeat, size - 1) + 1 if took else padded(min(cut + 2, size), size, lengths)
 
 
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -260,6 +271,8 @@ class DraftProposer:
     cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
     lookup: SuffixLookup | None = None
     took_repeat: bool | mx.array = False
+    # With the cut on: the length to verify for each cut length (see `padded`); () exactly it
+    verify_lengths: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         if not self.cache:
@@ -295,7 +308,7 @@ class DraftProposer:
         if found:
             verify_in, self.took_repeat = choose_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, found,
-                self.min_confidence)
+                self.min_confidence, self.verify_lengths)
             return verify_in
         return self.draft_proposal(staged, size)
 
@@ -316,20 +329,21 @@ class DraftProposer:
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
                 staged, self.draft_logits(staged, size), self.output_head,
-                self.target.vocab_size, sampler, found, self.min_confidence)
+                self.target.vocab_size, sampler, found, self.min_confidence,
+                self.verify_lengths)
             return verify_in, q
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:
         """The draft forward's proposal (`propose`)."""
         return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
-                       self.head)
+                       self.head, self.verify_lengths)
 
     def draft_proposal_sampled(self, staged: int, size: int, sampler: Sampler
                                ) -> tuple[mx.array, mx.array]:
         """The draft forward's sampled proposal and q (`propose_sampled`)."""
         return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
-                               self.min_confidence, self.head)
+                               self.min_confidence, self.head, self.verify_lengths)
 
     @property
     def output_head(self) -> DraftHead:

@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import mlx.core as mx
 
 GPU_BACKENDS = ("cuda", "metal")
@@ -29,3 +32,14 @@ def current() -> str:
     if mx.default_device() == mx.cpu:
         return "cpu"
     return next((b for b in ("metal", "cuda") if present(b)), "cpu")
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -24,6 +24,7 @@ from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
 from .targets.base import TargetAdapter
+from .verify_lengths import load_or_measure
 
 if TYPE_CHECKING:
     from .distributed import Lockstep
@@ -63,6 +64,12 @@ class DFlashRuntime:
         self.block_size = self.config.draft_block_size or trained
         cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
         self.target.warm_up(self.block_size)  # kernels compile here, not mid-reply
+        # With the cut on: the length to verify for each cut's (measured once per machine)
+        self.verify_lengths: tuple[int, ...] = ()
+        if draft is not None and self.min_confidence is not None and self.config.padded_verify:
+            self.verify_lengths = load_or_measure(
+                model, self.target, str(target_model_dtype(model)),
+                draft.args.target_layer_ids, self.block_size)["lengths"]
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)
@@ -147,6 +154,9 @@ class DFlashRuntime:
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
+            "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
+            # the length verified for each cut's (index: the cut's); None: the cut's own
+            "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
             "family": self.target.family,
         }
@@ -215,7 +225,7 @@ class DFlashRuntime:
             lookup = SuffixLookup(self.config.lookup_min_match)
             lookup.extend(context)
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
-                             lookup)
+                             lookup, verify_lengths=self.verify_lengths)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

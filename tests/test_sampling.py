@@ -69,11 +69,13 @@ class MarkovDraft(DraftProposer):
     """Proposes a block in parallel, like DFlash: slot i's logits depend on the staged token
     and i only; over a token subset (q is zero outside it), with the verify cut on."""
 
-    def __init__(self, table: np.ndarray, ids: list[int], min_confidence: float | None):
+    def __init__(self, table: np.ndarray, ids: list[int], min_confidence: float | None,
+                 verify_lengths: tuple[int, ...] = ()):
         self.table = mx.array(table, dtype=mx.float32)  # [V, B - 1, len(ids)]
         self.ids = mx.array(ids, dtype=mx.int32)
         self.head = DraftHead(None, self.ids)  # the subset's token ids (no weights needed)
         self.min_confidence = min_confidence
+        self.verify_lengths = verify_lengths
         self.cache: list = []
 
     @property
@@ -88,7 +90,8 @@ class MarkovDraft(DraftProposer):
 
     def draft_proposal_sampled(self, staged, size, sampler):
         logits = self.draft_logits(staged, size)
-        return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence)
+        return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence,
+                             self.verify_lengths)
 
 
 def tables(seed: int = 0):
@@ -159,6 +162,18 @@ def setup():
 def test_speculative_sampling_keeps_the_target_distribution(setup):
     target, expected, draft_table = setup
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    replies, _ = sample_replies(target, draft, SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_padded_verifies_keep_the_target_distribution(setup):
+    """A cut padded to a longer verify (engine/verify_lengths.py) samples the same."""
+    target, expected, draft_table = setup
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.9,
+                        verify_lengths=(0, 1, 3, 3, 4))
+    sizes = [c.cycle.block_size for c in speculative_decode(
+        target, draft, [2], 40, 4, 512, sampler=Sampler(PARAMS)) if c.cycle]
+    assert 2 not in sizes[:-1] and 3 in sizes  # a cut of 2 verifies 3 (the last: what is left)
     replies, _ = sample_replies(target, draft, SAMPLES, seed=0)
     assert chi_square_pvalue(replies, expected) > 1e-3
 

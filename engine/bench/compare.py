@@ -297,6 +297,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": profile,
                      "min_draft_confidence": None if oracle else rt.min_confidence,
+                     "verify_lengths": None if oracle else desc["verify_lengths"],
                      "draft_vocab": rt.draft_vocab,
                      "lookup_min_match": None if oracle else rt.config.lookup_min_match,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
@@ -340,6 +341,9 @@ def definitions() -> dict:
                                    "real draft forward still runs); oracle_reference_runs: "
                                    "untimed oracle runs until its reference was what the "
                                    "verify commits",
+        "verify_lengths": "settings.verify_lengths[n]: the tokens verified when the verify cut "
+                          "keeps n (the cheapest forward length at or above n, measured on "
+                          "this machine: engine/verify_lengths.py); null: exactly n",
         "draft_vocab": "settings.draft_vocab: the draft proposes from the top N tokens of its "
                        "token_ranking.json plus each prompt's own tokens (--draft-vocab); null: "
                        "from the full vocabulary",

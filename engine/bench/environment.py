@@ -7,16 +7,6 @@ import platform
 from pathlib import Path
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _total_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -27,6 +17,8 @@ def _total_memory() -> int | None:
 def machine_info() -> dict:
     import mlx.core as mx
 
+    from ..device import cpu_name
+
     try:
         device = dict(mx.device_info())
     except Exception:  # no device info for this backend
@@ -35,7 +27,7 @@ def machine_info() -> dict:
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "processor": _cpu_name(),
+        "processor": cpu_name(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": _total_memory(),
         "default_device": str(mx.default_device()),

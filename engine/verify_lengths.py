@@ -1,0 +1,117 @@
+"""Verify lengths the machine runs fastest: the verify cut's length, padded where longer is cheaper.
+
+With the verify cut on (the CPU default), a cycle verifies the staged token and the drafts up
+to the first one the draft doubts: 2 to 16 tokens. On a CPU a forward's cost is not monotone
+in its token count: the BLAS's matmul kernels work in fixed row tiles, so some lengths cost
+more than longer ones (benchmarks/verify-lengths-cpu.json). A cut of n tokens is therefore
+verified as the length L >= n whose measured forward is cheapest: the extra drafts cost
+nothing and sometimes land. Lossless: the target verifies every token it is given.
+
+The costs are measured once per target shape, dtype and machine (a few seconds on the default
+pair's CPU) and kept in the cache folder; `dflash doctor` shows them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import blas, device
+from .cache import cache_root
+from .targets.base import TargetAdapter, cache_arrays
+
+CONTEXT = 128  # tokens of context before the timed forwards (a reply's early cycles)
+ROUNDS = 3  # timed rounds over every length; the fastest of each is kept (noise only adds)
+FOLDER = "verify-lengths"
+
+
+def measure(target: TargetAdapter, tap_ids: Sequence[int], size: int,
+            rounds: int = ROUNDS, context: int = CONTEXT) -> list[float]:
+    """Seconds of one verify forward (the forward, its argmax, taps and cache, then the
+    rollback) for 1..size tokens after `context` tokens: costs[T - 1]. Lengths alternate
+    within each round, so a slow moment spreads over all of them."""
+    from .cycle import prefill
+
+    cache = target.make_cache()
+    prefill(target, cache, [(7 * i + 11) % 997 + 3 for i in range(context)], context)
+    best = [float("inf")] * size
+    for round_index in range(rounds + 1):  # the first round compiles and warms the BLAS
+        order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
+        for tokens in order:
+            ids = mx.array([[(13 * i + 5) % 997 + 3 for i in range(tokens)]])
+            target.begin_verify(cache)
+            start = time.perf_counter()
+            logits, taps = target.forward(ids, cache, tap_ids)
+            mx.eval(mx.argmax(logits[0], axis=-1), taps, cache_arrays(cache))
+            target.rollback(cache, keep=0, verified=tokens)
+            mx.eval(cache_arrays(cache))
+            if round_index:
+                best[tokens - 1] = min(best[tokens - 1], time.perf_counter() - start)
+    return best
+
+
+def padded_lengths(costs: Sequence[float]) -> tuple[int, ...]:
+    """costs[T - 1] of a T-token verify -> lengths[n]: the length to verify for a cut of n
+    tokens, the cheapest L >= n (the longer one on a tie). lengths[0] = 0."""
+    lengths = [0] * (len(costs) + 1)
+    best = len(costs)
+    for n in range(len(costs), 0, -1):
+        if costs[n - 1] < costs[best - 1]:
+            best = n
+        lengths[n] = best
+    return tuple(lengths)
+
+
+def key_for(model: nn.Module, target: TargetAdapter, dtype: str, tap_ids: Sequence[int],
+            size: int) -> dict:
+    """What a forward's cost depends on: the target's shape and weights' storage, the taps,
+    the machine, its BLAS and MLX."""
+    from .loading import quantization
+
+    args = getattr(model, "args", None)
+    shape = vars(args) if args is not None and hasattr(args, "__dict__") else {}
+    return {"shape": json.loads(json.dumps(shape, default=str, sort_keys=True)),
+            "family": target.family, "dtype": dtype,
+            "quantization": quantization(model), "taps": list(tap_ids), "size": size,
+            "backend": device.current(), "cpu": device.cpu_name(), "cpu_count": os.cpu_count(),
+            "blas": blas.status().library, "mlx": mx.__version__}
+
+
+def path_for(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root() / FOLDER / f"{digest}.json"
+
+
+def load_or_measure(model: nn.Module, target: TargetAdapter, dtype: str,
+                    tap_ids: Sequence[int], size: int) -> dict[str, Any]:
+    """{"costs_ms", "lengths", "measured_at", "key"}: from the cache folder, or measured now
+    and kept there (a cache folder we cannot write only costs the next start a measurement)."""
+    key = key_for(model, target, dtype, tap_ids, size)
+    path = path_for(key)
+    try:
+        record = json.loads(path.read_text())
+        if record.get("key") == key and len(record.get("lengths", ())) == size + 1:
+            record["lengths"] = tuple(record["lengths"])
+            return record
+    except (OSError, ValueError):
+        pass
+    costs = measure(target, tap_ids, size)
+    record = {"key": key, "costs_ms": [round(c * 1e3, 3) for c in costs],
+              "lengths": padded_lengths(costs),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return record
