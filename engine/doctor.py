@@ -188,7 +188,8 @@ def self_check(say: Say, max_tokens: int = SELF_CHECK_TOKENS, model: str | None 
             "tokens_per_cycle": round(committed / max(cycles, 1), 3),
             "speedup": round(spec_tps / plain_tps, 3),
             "tokens_per_second": round(spec_tps, 2), "plain_tokens_per_second": round(plain_tps, 2),
-            "max_tokens": max_tokens, "prompts": prompts}
+            "max_tokens": max_tokens, "prompts": prompts,
+            "verify_lengths": list(rt.verify_lengths) or None}
 
 
 def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> dict[str, Any]:
@@ -287,6 +288,11 @@ def render(report: dict[str, Any]) -> str:
                      f"{'yes' if s['passed'] else 'NO'}, {s['tokens_per_cycle']:.2f} tokens/cycle, "
                      f"speed-up {s['speedup']:.2f}x ({s['tokens_per_second']:.1f} vs "
                      f"{s['plain_tokens_per_second']:.1f} tok/s)")
+        if s.get("verify_lengths"):
+            padded = [f"{n}->{length}" for n, length in enumerate(s["verify_lengths"])
+                      if length > n]
+            lines.append("verify cut   padded to this machine's faster lengths: "
+                         + (", ".join(padded) or "none faster"))
     else:
         lines.append(f"self-check   {'not run' if 'skipped' in s else 'FAILED'}: "
                      f"{s.get('skipped') or s.get('error')}")

@@ -97,6 +97,9 @@ def test_self_check_on_a_tiny_pair(tiny_pairs):
     assert isinstance(result["tokens_per_cycle"], float) and result["tokens_per_cycle"] >= 1.0
     assert isinstance(result["speedup"], float) and result["speedup"] > 0
     assert seen[-1] == "self-check: prompt 2 of 2"
+    # the CPU's cut, padded by this machine's measured lengths: a table over every cut
+    lengths = result["verify_lengths"]
+    assert len(lengths) == 17 and all(n <= length <= 16 for n, length in enumerate(lengths))
 
 
 def test_kernel_check_catches_a_wrong_kernel():
@@ -135,3 +138,13 @@ def test_cpu_kernels_line_names_both_kernels_or_why_not(monkeypatch):
         monkeypatch.setattr(kernel, "_lib", None)
     off = doctor.kernels()
     assert off["cpu_softmax"] == off["cpu_swiglu"] == f"MLX's ({cpu_native.ENV}=off)"
+
+
+def test_render_names_the_padded_cuts():
+    report = doctor.diagnose(run_self_check=False)
+    report["self_check"] = {"passed": True, "prompts": [{}, {}], "tokens_per_cycle": 2.0,
+                            "speedup": 1.5, "tokens_per_second": 30.0,
+                            "plain_tokens_per_second": 20.0,
+                            "verify_lengths": [0, 1, 4, 4, 4, 8, 8, 8, 8, 9] + [16] * 7}
+    assert "padded to this machine's faster lengths: 2->4, 3->4, 5->8, 6->8, 7->8, 10->16" \
+        in doctor.render(report)

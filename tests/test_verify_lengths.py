@@ -28,6 +28,9 @@ def test_each_cut_verifies_the_cheapest_length_at_or_above_it():
     assert verify_lengths.padded_lengths(costs) == (0, 4, 4, 4, 4, 6, 6)
     assert verify_lengths.padded_lengths([3.0, 3.0]) == (0, 2, 2)  # a tie: the longer
     assert verify_lengths.padded_lengths([1.0, 2.0, 3.0]) == (0, 1, 2, 3)  # monotone: as cut
+    # a longer verify within the tolerance of the cheapest counts as cheapest (noise)
+    assert verify_lengths.padded_lengths([10.0, 10.5]) == (0, 2, 2)
+    assert verify_lengths.padded_lengths([10.0, 10.5], tolerance=0.0) == (0, 1, 2)
 
 
 def test_padded_stays_within_the_proposal():
