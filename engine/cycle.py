@@ -87,10 +87,17 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     if size == 1:
         return block
     head = head or DraftHead(target)
-    logits = head(draft(target.embed(block), draft_cache)[:, 1:])
+    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
     drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
     proposal = mx.concatenate([block[:, :1], drafted], axis=1)
     return proposal[:, :verify_length(logits, min_confidence, size, lengths)]
+
+
+def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
+    """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
+    K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
+    multiplies 16 rows faster than 15."""
+    return head(hidden)[:, 1:]
 
 
 def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
@@ -104,7 +111,7 @@ def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list
     if size == 1:
         return block, mx.zeros((0, target.vocab_size))
     head = head or DraftHead(target)
-    logits = head(draft(target.embed(block), draft_cache)[:, 1:])
+    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
     return draw_proposal(staged, logits, head.ids, target.vocab_size, sampler, min_confidence,
                          lengths)
 
@@ -354,7 +361,7 @@ class DraftProposer:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
         [1, size - 1, K] (size > 1)."""
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        return self.output_head(self.draft(self.target.embed(block), self.cache)[:, 1:])
+        return draft_head_logits(self.output_head, self.draft(self.target.embed(block), self.cache))
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

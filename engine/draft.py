@@ -16,8 +16,9 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .device import current
-from .kernels import cpu_swiglu
+from .kernels import cpu_softmax, cpu_swiglu
 from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
+from .targets import cpu_attention
 
 
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -162,7 +163,7 @@ class DraftAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x: mx.array, cache: KVCache, start: int) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache, start: int, cpu: bool = False) -> mx.array:
         B, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
         k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
@@ -173,8 +174,17 @@ class DraftAttention(nn.Module):
         keys = mx.concatenate([ctx_k, k], axis=2)
         values = mx.concatenate([ctx_v, v], axis=2)
         # No mask: the block is bidirectional and sees all of its context.
-        out = block_sdpa(q, keys, values, self.scale)
+        out = block_attention(q, keys, values, self.scale, cpu)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cpu: bool) -> mx.array:
+    """A block's attention over its context and itself, unmasked. `cpu`: through the target's
+    C softmax where it applies (targets/cpu_attention.py: MLX's bits, faster; not
+    differentiable, so for inference only)."""
+    if cpu and cpu_softmax.mode() != "off" and cpu_attention.eligible(q, k, v, None, None, None):
+        return cpu_attention.sdpa(q, k, v, scale, None)
+    return block_sdpa(q, k, v, scale)
 
 
 class DraftMLP(nn.Module):
@@ -200,7 +210,7 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(self, x: mx.array, cache: KVCache, start: int, cpu: bool = False) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), cache, start)
+        h = x + self.self_attn(self.input_layernorm(x), cache, start, cpu)
         return h + self.mlp(self.post_attention_layernorm(h), cpu)
 
 

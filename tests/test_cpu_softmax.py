@@ -112,6 +112,24 @@ def test_attention_equals_mlx_sdpa(kernel, n_kv, repeats):
             assert mx.array_equal(got, want).item(), (L, S, D, mask)
 
 
+def test_draft_block_attention_equals_mlx_sdpa(kernel, monkeypatch):
+    """The draft's block attention (unmasked, its context and the block) through the kernel:
+    MLX's bits, so the draft proposes exactly what it did through MLX's attention."""
+    from engine.draft import block_attention
+
+    monkeypatch.setenv(cpu_native.ENV, "on")
+    rng = np.random.default_rng(5)
+    for history in (0, 40, 316):
+        q = mx.array(rng.standard_normal((1, 9, 16, 64)).astype(np.float32))
+        k, v = (mx.array(rng.standard_normal((1, 3, history + 16, 64)).astype(np.float32))
+                for _ in range(2))
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+        assert mx.array_equal(block_attention(q, k, v, 0.125, cpu=True), want).item()
+    monkeypatch.setenv(cpu_native.ENV, "off")  # the kernels' switch turns this one off too
+    monkeypatch.setattr(cpu_attention, "sdpa", lambda *a: pytest.fail("kernel used"))
+    assert mx.array_equal(block_attention(q, k, v, 0.125, cpu=True), want).item()
+
+
 def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypatch):
     q, kv = mx.zeros((1, 4, 2, 16)), mx.zeros((1, 2, 8, 16))
     monkeypatch.setenv(cpu_native.ENV, "on")
