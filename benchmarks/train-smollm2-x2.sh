@@ -34,11 +34,13 @@
 #            held-out 4.06 against 4.03, the suites flat)
 #   stage 16 (one H200): the GGUF, train_prompts, gen-14-0, gen-15-0, the CPU slice
 #            (gen-16-cpu.npz) and draft15.tar staged; SEED=17 PART=gen GEN_GPUS="0 1" GEN_DEVICE=0
-#            GEN_S=420 (both slices on one GPU at once), then PART=ab AB_VARIANTS=a AB_S=420
-#            LR=8e-5 INIT=/root/stash/files/draft15.tar
-#   next: stage the GGUF, train_prompts, gen-14-0.npz, gen-15-0.npz and draft15.tar (the stage-15
-#            weights, tar of config.json, model.safetensors, token_ranking.json, train-log.json),
-#            then INIT=/root/stash/files/draft15.tar for the training parts
+#            GEN_S=420 (both slices on one GPU at once: the second ran out of memory, the first
+#            answered 31,522 prompts alone), then PART=ab AB_VARIANTS=a AB_S=420 LR=8e-5
+#            INIT=/root/stash/files/draft15.tar
+#   next: stage the GGUF, train_prompts, gen-14-0, gen-15-0, gen-16-cpu, gen-17-0.npz and
+#            draft16.tar (~/.cache/dflash-chat/train-data/stage16/: the stage-16 weights, a tar of
+#            config.json, model.safetensors, token_ranking.json, train-log.json); one generator
+#            per GPU (GEN_GPUS=0), then INIT=/root/stash/files/draft16.tar for the training parts
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
