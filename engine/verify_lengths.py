@@ -41,12 +41,19 @@ FOLDER = "verify-lengths"
 
 def measure(target: TargetAdapter, tap_ids: Sequence[int], size: int,
             rounds: int = ROUNDS, context: int = CONTEXT) -> list[float]:
+    """Seconds of one verify forward for 1..size tokens, the fastest of `rounds`:
+    costs[T - 1] (see `timings`)."""
+    return [min(samples) for samples in timings(target, tap_ids, size, rounds, context)]
+
+
+def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: int,
+            context: int) -> list[list[float]]:
     """Seconds of one verify forward (the forward, its argmax, taps and cache, then the
-    rollback) for 1..size tokens after `context` tokens: costs[T - 1]. Lengths alternate
-    within each round, so a slow moment spreads over all of them."""
+    rollback) for 1..size tokens after `context` tokens, `rounds` each: samples[T - 1].
+    Lengths alternate within each round, so a slow moment spreads over all of them."""
     cache = target.make_cache()
     prefill(target, cache, [(7 * i + 11) % 997 + 3 for i in range(context)], context)
-    best = [float("inf")] * size
+    samples: list[list[float]] = [[] for _ in range(size)]
     for round_index in range(rounds + 1):  # the first round compiles and warms the BLAS
         order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
         for tokens in order:
@@ -58,8 +65,8 @@ def measure(target: TargetAdapter, tap_ids: Sequence[int], size: int,
             target.rollback(cache, keep=0, verified=tokens)
             mx.eval(cache_arrays(cache))
             if round_index:
-                best[tokens - 1] = min(best[tokens - 1], time.perf_counter() - start)
-    return best
+                samples[tokens - 1].append(time.perf_counter() - start)
+    return samples
 
 
 def padded_lengths(costs: Sequence[float], tolerance: float = TOLERANCE) -> tuple[int, ...]:

@@ -15,7 +15,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,36 +22,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def profile(rounds: int, context: int, size: int) -> dict:
     import engine  # noqa: F401, I001  (first: its CPU BLAS must load before MLX)
-    import mlx.core as mx
-
     from engine.bench.environment import blas_info, machine_info, versions
-    from engine.cycle import prefill
     from engine.runtime import DFlashRuntime, target_model_dtype
-    from engine.targets.base import cache_arrays
-    from engine.verify_lengths import padded_lengths
+    from engine.verify_lengths import padded_lengths, timings
 
     rt = DFlashRuntime.from_pretrained()
-    target, taps = rt.target, rt.draft.args.target_layer_ids
-    cache = target.make_cache()
-    prefill(target, cache, [(7 * i + 11) % 997 + 3 for i in range(context)], 512)
-    times: dict[int, list[float]] = {n: [] for n in range(1, size + 1)}
-    for round_index in range(rounds + 1):
-        order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
-        for tokens in order:
-            ids = mx.array([[(13 * i + 5) % 997 + 3 for i in range(tokens)]])
-            target.begin_verify(cache)
-            start = time.perf_counter()
-            logits, tapped = target.forward(ids, cache, taps)
-            mx.eval(mx.argmax(logits[0], axis=-1), tapped, cache_arrays(cache))
-            target.rollback(cache, keep=0, verified=tokens)
-            mx.eval(cache_arrays(cache))
-            if round_index:
-                times[tokens].append(time.perf_counter() - start)
-    fastest = [min(times[n]) for n in times]
+    taps = rt.draft.args.target_layer_ids
+    samples = timings(rt.target, taps, size, rounds, context)
+    fastest = [min(s) for s in samples]
     return {"model": rt.target_id, "dtype": str(target_model_dtype(rt.model)),
             "context": context, "rounds": rounds, "taps": list(taps),
             "fastest_ms": [round(t * 1e3, 2) for t in fastest],
-            "median_ms": [round(statistics.median(times[n]) * 1e3, 2) for n in times],
+            "median_ms": [round(statistics.median(s) * 1e3, 2) for s in samples],
             "lengths": list(padded_lengths(fastest)),
             "engine_lengths": list(rt.verify_lengths) or None,
             "machine": machine_info(), "blas": blas_info(), "versions": versions()}
