@@ -40,7 +40,8 @@ class DFlashRuntime:
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
                  draft_id: str = "draft", target: TargetAdapter | None = None,
-                 token_ranking: list[int] | None = None, lockstep: Lockstep | None = None):
+                 token_ranking: list[int] | None = None, lockstep: Lockstep | None = None,
+                 progress: Progress | None = None):
         self.config = config or DFlashConfig()
         self.model = model
         self.tokenizer = stream_bytes_exactly(tokenizer)
@@ -69,7 +70,7 @@ class DFlashRuntime:
         if draft is not None and self.min_confidence is not None and self.config.padded_verify:
             self.verify_lengths = load_or_measure(
                 model, self.target, str(target_model_dtype(model)),
-                draft.args.target_layer_ids, self.block_size)["lengths"]
+                draft.args.target_layer_ids, self.block_size, progress)["lengths"]
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)
@@ -108,7 +109,7 @@ class DFlashRuntime:
         dtype = target_model_dtype(target_model)
         draft_model, draft_id, ranking = load_draft(model_id, draft, adapter, dtype, progress)
         return cls(target_model, tokenizer, draft_model, config, resolved, draft_id, adapter,
-                   ranking, lockstep)
+                   ranking, lockstep, progress)
 
     def close_followers(self) -> None:
         """Rank 0 of a sharded target: let the other ranks' `follow` return (call once, when

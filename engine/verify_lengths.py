@@ -28,7 +28,7 @@ import mlx.nn as nn
 from . import blas, device
 from .cache import cache_root
 from .cycle import prefill
-from .loading import quantization
+from .loading import Progress, quantization
 from .targets.base import TargetAdapter, cache_arrays
 
 CONTEXT = 128  # tokens of context before the timed forwards (a reply's early cycles)
@@ -100,9 +100,11 @@ def path_for(key: dict) -> Path:
 
 
 def load_or_measure(model: nn.Module, target: TargetAdapter, dtype: str,
-                    tap_ids: Sequence[int], size: int) -> dict[str, Any]:
+                    tap_ids: Sequence[int], size: int,
+                    progress: Progress | None = None) -> dict[str, Any]:
     """{"costs_ms", "lengths", "measured_at", "key"}: from the cache folder, or measured now
-    and kept there (a cache folder we cannot write only costs the next start a measurement)."""
+    (a few seconds, which `progress` is told of) and kept there (a cache folder we cannot
+    write only costs the next start a measurement)."""
     key = key_for(model, target, dtype, tap_ids, size)
     path = path_for(key)
     try:
@@ -112,6 +114,8 @@ def load_or_measure(model: nn.Module, target: TargetAdapter, dtype: str,
             return record
     except (OSError, ValueError):
         pass
+    if progress is not None:
+        progress("timing verify lengths on this machine (once, a few seconds)", None)
     costs = measure(target, tap_ids, size)
     record = {"key": key, "costs_ms": [round(c * 1e3, 3) for c in costs],
               "lengths": padded_lengths(costs),

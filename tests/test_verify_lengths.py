@@ -74,9 +74,13 @@ def test_the_measurement_is_kept_and_reused(tiny_pairs, tmp_path, monkeypatch):
         return [1.0] * (size - 8) + [0.5] * 8  # 9..16 the cheapest: every cut verifies 16
 
     monkeypatch.setattr(verify_lengths, "measure", fake_measure)
-    rt = load(tiny_pairs, "llama", min_draft_confidence=0.5)
+    said: list[str] = []
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                       config=DFlashConfig(min_draft_confidence=0.5),
+                                       progress=lambda message, _: said.append(message))
     assert rt.describe()["verify_lengths"] == [0] + [16] * 16
-    assert calls == [16]
+    assert calls == [16] and any("verify lengths" in m for m in said)  # the wait is named
     files = list((tmp_path / verify_lengths.FOLDER).glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["costs_ms"][-1] == 500.0
     load(tiny_pairs, "llama", min_draft_confidence=0.5)
