@@ -16,7 +16,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .device import current
-from .kernels import cpu_softmax, cpu_swiglu
+from .kernels import cpu_swiglu
 from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
 from .targets import cpu_attention
 
@@ -182,7 +182,7 @@ def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cpu: bo
     """A block's attention over its context and itself, unmasked. `cpu`: through the target's
     C softmax where it applies (targets/cpu_attention.py: MLX's bits, faster; not
     differentiable, so for inference only)."""
-    if cpu and cpu_softmax.mode() != "off" and cpu_attention.eligible(q, k, v, None, None, None):
+    if cpu and cpu_attention.eligible(q, k, v, None, None, None):
         return cpu_attention.sdpa(q, k, v, scale, None)
     return block_sdpa(q, k, v, scale)
 

@@ -143,6 +143,8 @@ def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypa
     assert not cpu_attention.eligible(q, kv, kv, "causal", None, None)
     big = mx.zeros((1, 2, cpu_attention.MIN_SCORES // 64, 16))  # 4 heads x 16 queries
     assert cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
+    monkeypatch.setenv(cpu_native.ENV, "off")  # the switch: never, however big
+    assert not cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
 
 
 def long_prompt(rt) -> list[int]:

@@ -63,8 +63,9 @@ def eligible(q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, sinks
         return False
     if k.shape[-2] < q.shape[-2] or current() != "cpu":
         return False
+    mode = cpu_softmax.mode()  # "off": never; "on": every size; "auto": big enough to pay
     big = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[-2] >= MIN_SCORES
-    return (big or cpu_softmax.mode() == "on") and cpu_softmax.library() is not None
+    return mode != "off" and (big or mode == "on") and cpu_softmax.library() is not None
 
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
