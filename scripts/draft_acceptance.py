@@ -33,7 +33,7 @@ from engine.bench.metrics import (
     nonloop_tokens_per_cycle,
     repeated_ngram_share,
 )
-from engine.bench.suites import SUITES, load_prompts
+from engine.bench.suites import PICKS, SUITES, load_prompts
 from engine.config import DFlashConfig, lookup_arg
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
     p.add_argument("--suite", action="append", choices=sorted(SUITES),
                    help="suite (repeatable; default: all three)")
-    p.add_argument("--limit", type=int, default=4, help="first N prompts of each suite")
+    p.add_argument("--limit", type=int, default=4, help="N prompts of each suite (see --pick)")
+    p.add_argument("--pick", choices=PICKS, default="spread",
+                   help="which N: spread over a suite's categories (default) or its first N")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--walk", action="store_true",
                    help="also simulate each reply as training does (anchor mean, decode walk)")
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                           lookup_min_match=args.lookup)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
-              "settings": "whole blocks, full vocabulary, greedy",
+              "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup, "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         rt = DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
         rows = {}
         for suite in args.suite or sorted(SUITES):
-            prompts, _ = load_prompts(suite=suite, limit=args.limit)
+            prompts, _ = load_prompts(suite=suite, limit=args.limit, pick=args.pick)
             runs = []
             for prompt in prompts:
                 messages = [{"role": "user", "content": prompt.text}]

@@ -15,7 +15,7 @@ from engine.bench.metrics import (
     nonloop_tokens_per_cycle,
     repeated_ngram_share,
 )
-from engine.bench.suites import PACKAGED_SUITES, SUITES, BenchPrompt, load_prompts
+from engine.bench.suites import PACKAGED_SUITES, SUITES, BenchError, BenchPrompt, load_prompts
 
 RUN_KEYS = {"prompt_id", "prompt_tokens", "baseline", "dflash", "speedup", "token_match",
             "repeat4_share"}
@@ -166,6 +166,24 @@ def test_packaged_suites_load_without_any_data_folder(suite, count, first_id, mo
     if suite == "humaneval":
         assert prompts[0].text.startswith("Complete the following Python function.")
     assert len(load_prompts(suite=suite, limit=2)[0]) == 2
+
+
+def test_limit_spreads_over_categories_or_takes_the_first(tmp_path, monkeypatch):
+    monkeypatch.delenv("DFLASH_EVAL_DATA", raising=False)
+    spread = [p.id for p in load_prompts(suite="mt-bench", limit=8)[0]]
+    assert spread == ["81", "91", "101", "111", "121", "131", "141", "151"]  # one per category
+    assert [p.id for p in load_prompts(suite="mt-bench", limit=10)[0]][:3] == ["81", "82", "91"]
+    first = [p.id for p in load_prompts(suite="mt-bench", limit=3, pick="first")[0]]
+    assert first == ["81", "82", "83"]
+    records = [{"prompt": f"q{i}", "id": str(i), "category": c}
+               for i, c in enumerate("aaabbc")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [p.id for p in load_prompts(prompt_file=str(tmp_path / "p.jsonl"), limit=4)[0]] == [
+        "0", "1", "3", "5"]  # file order kept
+    assert [p.id for p in load_prompts(suite="gsm8k", limit=2)[0]] == [  # no categories
+        p.id for p in load_prompts(suite="gsm8k", limit=2, pick="first")[0]]
+    with pytest.raises(BenchError, match="unknown pick"):
+        load_prompts(suite="gsm8k", limit=2, pick="random")
 
 
 def test_packaged_suites_carry_their_licences():

@@ -39,7 +39,15 @@ from .metrics import (
     repeated_ngram_share,
 )
 from .oracle import Oracle, OracleProposer, consistent_reference
-from .suites import EVAL_DATA_ENV, PROMPT_FORMATS, BenchError, BenchPrompt, encode, load_prompts
+from .suites import (
+    EVAL_DATA_ENV,
+    PICKS,
+    PROMPT_FORMATS,
+    BenchError,
+    BenchPrompt,
+    encode,
+    load_prompts,
+)
 from .timing import (
     NEAR_TIE_GAP,
     Side,
@@ -439,7 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--suite", help="mt-bench | humaneval | gsm8k")
     p.add_argument("--data-dir", help=f"folder with the suite files (default: ${EVAL_DATA_ENV} "
                    "or the suites packaged with dflash)")
-    p.add_argument("--limit", type=int, help="first N prompts only")
+    p.add_argument("--limit", type=int, help="N prompts only (see --pick)")
+    p.add_argument("--pick", choices=PICKS, default="spread",
+                   help="which N prompts --limit takes: spread over the suite's categories "
+                        "(MT-Bench's eight; default) or the file's first N")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeat", type=int, default=1, help="runs per prompt (median reported)")
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds between runs")
@@ -492,7 +503,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
         prompts, fmt = load_prompts(args.prompt, args.prompt_file, args.suite, args.data_dir,
-                                    args.limit)
+                                    args.limit, args.pick)
         from ..runtime import DFlashRuntime
 
         try:
@@ -514,7 +525,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2
     report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
-                                                            else argv), **report}
+                                                            else argv),
+              "prompt_pick": args.pick if args.limit else "all", **report}
     print_report(report, console)
     if args.json:
         path = Path(args.json).expanduser()

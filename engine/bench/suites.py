@@ -92,17 +92,41 @@ def record_prompt(record: dict, index: int, where: str, suite: str | None = None
     return BenchPrompt(str(rid), text)
 
 
+PICKS = ("spread", "first")
+
+
+def pick_records(records: list[dict], limit: int | None, pick: str = "spread") -> list[int]:
+    """Indices of the records a --limit takes. `first`: the first N. `spread`: N spread over
+    the records' `category` (MT-Bench's eight), the first of each category in file order, then
+    the second of each, and so on: the first N alone would be one category (MT-Bench's file
+    starts with its ten writing prompts). Records without categories: the first N either way."""
+    if pick not in PICKS:
+        raise BenchError(f"unknown pick {pick!r}. Fix: use one of {', '.join(PICKS)}.")
+    n = len(records) if not limit else min(limit, len(records))
+    if pick == "first" or not any("category" in r for r in records):
+        return list(range(n))
+    by_category: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_category.setdefault(str(r.get("category")), []).append(i)
+    rounds = (group[k] for k in range(len(records)) for group in by_category.values()
+              if k < len(group))
+    return sorted(i for _, i in zip(range(n), rounds))
+
+
 def load_prompts(prompt: str | None = None, prompt_file: str | None = None,
                  suite: str | None = None, data_dir: str | None = None,
-                 limit: int | None = None) -> tuple[list[BenchPrompt], str]:
-    """-> (prompts, prompt_format). Exactly one source should be given."""
+                 limit: int | None = None, pick: str = "spread"
+                 ) -> tuple[list[BenchPrompt], str]:
+    """-> (prompts, prompt_format). Exactly one source should be given; `limit` prompts
+    chosen by `pick_records`."""
     if prompt is not None:
         if not prompt.strip():
             raise BenchError("--prompt is empty. Fix: pass some text.")
         return [BenchPrompt("prompt", prompt)], PROMPT_FORMATS["text"]
     if prompt_file is not None:
         path = Path(prompt_file).expanduser()
-        prompts = [record_prompt(r, i, str(path)) for i, r in enumerate(read_jsonl(path))]
+        records = read_jsonl(path)
+        prompts = [record_prompt(r, i, str(path)) for i, r in enumerate(records)]
         fmt = PROMPT_FORMATS["file"]
     elif suite is not None:
         if suite not in SUITES:
@@ -112,11 +136,12 @@ def load_prompts(prompt: str | None = None, prompt_file: str | None = None,
             raise BenchError(f"{path}: the {suite} prompts are missing. Fix: put "
                              f"{SUITES[suite]} there, or point --data-dir / {EVAL_DATA_ENV} "
                              "at the folder that has it (unset both for the packaged suites).")
-        prompts = [record_prompt(r, i, str(path), suite) for i, r in enumerate(read_jsonl(path))]
+        records = read_jsonl(path)
+        prompts = [record_prompt(r, i, str(path), suite) for i, r in enumerate(records)]
         fmt = PROMPT_FORMATS[suite]
     else:
         raise BenchError("no prompts. Fix: pass --prompt, --prompt-file or --suite.")
-    prompts = prompts[:limit] if limit else prompts
+    prompts = [prompts[i] for i in pick_records(records, limit, pick)]
     if not prompts:
         raise BenchError(f"{path}: no prompts in the file.")
     return prompts, fmt
