@@ -247,15 +247,21 @@ def commit_row(verify_in: mx.array, accepted: mx.array, following: mx.array) -> 
                            following.reshape(1).astype(mx.int32)])
 
 
-def read_commit(verify_in: mx.array, accepted: mx.array, following: mx.array,
-                flag: bool | mx.array = False) -> tuple[int, list[int], bool]:
-    """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
-    drafts, then the target's token after them) and `flag` (a bool, or a bool scalar still
-    on the device: the proposer's choice) come back in one read."""
+def commit_values(verify_in: mx.array, accepted: mx.array, following: mx.array,
+                  flag: bool | mx.array = False) -> mx.array:
+    """What the cycle's one host sync reads (`read_commit`), still on the device: `flag` (a
+    bool, or a bool scalar still on the device: the proposer's choice), then `commit_row`."""
     first = mx.array(flag).reshape(1).astype(mx.int32)
-    values = mx.concatenate([first, commit_row(verify_in, accepted, following)]).tolist()
-    a = values[1]
-    return a, values[2:2 + a] + [values[-1]], bool(values[0])
+    return mx.concatenate([first, commit_row(verify_in, accepted, following)])
+
+
+def read_commit(values: mx.array) -> tuple[int, list[int], bool]:
+    """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
+    drafts, then the target's token after them) and the flag come back in one read of
+    `commit_values`."""
+    row = values.tolist()
+    a = row[1]
+    return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
 
 @dataclass
@@ -280,10 +286,17 @@ class DraftProposer:
     took_repeat: bool | mx.array = False
     # With the cut on: the length to verify for each cut length (see `padded`); () exactly it
     verify_lengths: Sequence[int] = ()
+    # Queue the next cycle's draft forward before this cycle's sync (`prefetch`): greedy,
+    # whole blocks only (the cut reads the draft's output before the verify anyway).
+    prefetching: bool = False
+    _prefetched: mx.array | None = None  # the next cycle's draft logits [1, B - 1, K]
+    _unsettled: int = 0  # context entries past the kept ones, until `settle`
 
     def __post_init__(self) -> None:
         if not self.cache:
             self.cache = self.draft.make_cache()
+        self.prefetching = (self.prefetching and self.min_confidence is None
+                            and self.draft.can_prefetch)
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's context grows with them)."""
@@ -307,9 +320,34 @@ class DraftProposer:
         """Add committed tokens' tapped target features to the draft's context."""
         self.draft.append_context(taps, self.cache)
 
+    def prefetch(self, taps: mx.array, accepted: mx.array, following: mx.array,
+                 block_size: int) -> None:
+        """Before a cycle's sync: add all of its verified positions' features to the context,
+        and queue the next cycle's draft forward on them, staged on the target's token after
+        the kept drafts (`following`, still on the device) and seeing only the kept positions
+        (`accepted` + 1). The device runs it while the host reads the commit and builds the
+        next verify; `settle` then trims the rejected positions. Its proposals are those of
+        the draft run after the sync, up to rounding: lossless either way."""
+        self.append_context(taps)
+        self._unsettled = taps.shape[1]
+        block = mx.concatenate([following.reshape(1, 1).astype(mx.int32),
+                                mx.full((1, block_size - 1), self.draft.args.mask_token_id,
+                                        mx.int32)], axis=1)
+        hidden = self.draft(self.target.embed(block), self.cache, self._unsettled, accepted + 1)
+        self._prefetched = draft_head_logits(self.output_head, hidden)
+        mx.async_eval(self._prefetched)
+
+    def settle(self, keep: int) -> None:
+        """After the sync: keep only the first `keep` of the prefetch's verified positions."""
+        drop, self._unsettled = self._unsettled - keep, 0
+        if drop > 0:
+            for c in self.cache:
+                c.trim(drop)
+
     def propose(self, staged: int, size: int, position: int) -> mx.array:
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
+            self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
         if found:
@@ -342,9 +380,18 @@ class DraftProposer:
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:
-        """The draft forward's proposal (`propose`)."""
-        return propose(self.target, self.draft, self.cache, staged, size, self.min_confidence,
-                       self.head, self.verify_lengths)
+        """The draft forward's proposal (`propose`), or the prefetched forward's."""
+        logits = self._take_prefetched(size)
+        if logits is None:
+            return propose(self.target, self.draft, self.cache, staged, size,
+                           self.min_confidence, self.head, self.verify_lengths)
+        drafted = self.output_head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
+        return mx.concatenate([mx.array([[staged]], dtype=mx.int32), drafted], axis=1)
+
+    def _take_prefetched(self, size: int) -> mx.array | None:
+        """The prefetched draft logits for a block of `size` (None when there are none)."""
+        logits, self._prefetched = self._prefetched, None
+        return None if logits is None or size < 2 else logits[:, :size - 1]
 
     def draft_proposal_sampled(self, staged: int, size: int, sampler: Sampler
                                ) -> tuple[mx.array, mx.array]:
@@ -359,7 +406,10 @@ class DraftProposer:
 
     def draft_logits(self, staged: int, size: int) -> mx.array:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
-        [1, size - 1, K] (size > 1)."""
+        [1, size - 1, K] (size > 1); the prefetched forward's where there is one."""
+        logits = self._take_prefetched(size)
+        if logits is not None:
+            return logits
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
         return draft_head_logits(self.output_head, self.draft(self.target.embed(block), self.cache))
 
@@ -405,13 +455,20 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         else:
             accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
-        verify_s = clock.lap(accepted, following)
+        values = commit_values(verify_in, accepted, following, proposer.took_repeat)
+        verify_s = clock.lap(values)
+        prefetching = proposer.prefetching and sampler is None and target.lockstep is None
+        if prefetching:  # queued after the values: the sync below does not wait for it
+            proposer.prefetch(taps, accepted, following, block_size)
 
-        a, tokens, looked_up = read_commit(verify_in, accepted, following, proposer.took_repeat)
+        a, tokens, looked_up = read_commit(values)
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
         target.rollback(cache, keep=keep, verified=size)
-        proposer.append_context(taps[:, :keep])
+        if prefetching:
+            proposer.settle(keep)
+        else:
+            proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
         staged = tokens[-1]

@@ -163,7 +163,11 @@ class DraftAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x: mx.array, cache: KVCache, start: int, cpu: bool = False) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache, start: int | mx.array, cpu: bool = False,
+                 context_mask: mx.array | None = None) -> mx.array:
+        """`context_mask` [context length] (bool): the cached context entries the block sees
+        (a prefetched block's context still holds the verify's rejected positions); None: all
+        of them."""
         B, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
         k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
@@ -173,8 +177,12 @@ class DraftAttention(nn.Module):
             ctx_k, ctx_v = ctx_k[:, :, -self.window:], ctx_v[:, :, -self.window:]
         keys = mx.concatenate([ctx_k, k], axis=2)
         values = mx.concatenate([ctx_v, v], axis=2)
-        # No mask: the block is bidirectional and sees all of its context.
-        out = block_attention(q, keys, values, self.scale, cpu)
+        if context_mask is not None:
+            mask = mx.concatenate([context_mask, mx.ones((L,), dtype=mx.bool_)])
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
+                                                       mask=mask[None, None, None])
+        else:  # the block is bidirectional and sees all of its context
+            out = block_attention(q, keys, values, self.scale, cpu)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -209,8 +217,9 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, cache: KVCache, start: int, cpu: bool = False) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), cache, start, cpu)
+    def __call__(self, x: mx.array, cache: KVCache, start: int | mx.array, cpu: bool = False,
+                 context_mask: mx.array | None = None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache, start, cpu, context_mask)
         return h + self.mlp(self.post_attention_layernorm(h), cpu)
 
 
@@ -239,11 +248,28 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset))
 
-    def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
-        """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H]."""
-        start = cache[0].offset
+    @property
+    def can_prefetch(self) -> bool:
+        """Whether a block can run before its context is settled (`__call__`'s `kept`): not
+        with sliding-window layers, whose window would count the unsettled positions."""
+        return all(layer.self_attn.window is None for layer in self.layers)
+
+    def __call__(self, block_embeddings: mx.array, cache: list[KVCache],
+                 unsettled: int = 0, kept: mx.array | None = None) -> mx.array:
+        """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H].
+
+        `unsettled` > 0: the cache's last `unsettled` entries are a verify's positions, of
+        which only the first `kept` (a scalar still on the device) are context; the rest are
+        trimmed once the count is read. The block then starts after the kept ones and sees
+        only the context before them and them."""
+        start: int | mx.array = cache[0].offset
+        mask = None
+        if unsettled:
+            assert kept is not None and self.can_prefetch
+            start = start - unsettled + kept
+            mask = mx.arange(cache[0].offset) < start
         h = block_embeddings
         cpu = current() == "cpu"
         for layer, c in zip(self.layers, cache):
-            h = layer(h, c, start, cpu)
+            h = layer(h, c, start, cpu, mask)
         return self.norm(h)

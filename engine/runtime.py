@@ -54,6 +54,10 @@ class DFlashRuntime:
             # rank must verify the same number of tokens, so sharded targets verify whole
             # blocks.
             self.min_confidence = None
+        # Greedy whole-block cycles queue their next draft forward before their sync
+        self.prefetch_draft = (self.config.prefetch_for(device.current())
+                               and self.min_confidence is None and lockstep is None
+                               and draft is not None and draft.can_prefetch)
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
@@ -156,6 +160,7 @@ class DFlashRuntime:
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
+            "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -226,7 +231,8 @@ class DFlashRuntime:
             lookup = SuffixLookup(self.config.lookup_min_match)
             lookup.extend(context)
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
-                             lookup, verify_lengths=self.verify_lengths)
+                             lookup, verify_lengths=self.verify_lengths,
+                             prefetching=self.prefetch_draft)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

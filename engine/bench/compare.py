@@ -107,7 +107,8 @@ def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Ite
     def make(head: Any, cache: list[Any], context: list[int]) -> OracleProposer:
         oracle = Oracle(reference, opts.oracle, rt.block_size, rt.target.vocab_size,
                         opts.oracle_seed)
-        return OracleProposer(rt.target, rt.draft, oracle, True, head, cache)
+        return OracleProposer(rt.target, rt.draft, oracle, True, head, cache,
+                              rt.prefetch_draft)
 
     rt.make_proposer = make
     try:

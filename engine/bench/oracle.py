@@ -58,8 +58,9 @@ class OracleProposer(DraftProposer):
 
     def __init__(self, target: TargetAdapter, draft: DFlashDraft, oracle: Oracle,
                  draft_cost: bool = True, head: DraftHead | None = None,
-                 cache: list[Any] | None = None) -> None:
-        super().__init__(target, draft, head, None, cache or [])
+                 cache: list[Any] | None = None, prefetching: bool = False) -> None:
+        super().__init__(target, draft, head, None, cache or [],
+                         prefetching=prefetching and draft_cost)
         self.oracle, self.draft_cost = oracle, draft_cost
 
     def propose(self, staged: int, size: int, position: int) -> mx.array:

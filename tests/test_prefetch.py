@@ -1,0 +1,100 @@
+"""Prefetching the next draft forward (issue 13): a greedy whole-block cycle queues the next
+cycle's draft before its one host sync, on a context that still holds the verify's rejected
+positions, masked, and trims them after the sync."""
+
+from __future__ import annotations
+
+import copy
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from test_cycle_sync import load, reads_per_cycle
+
+from engine import DFlashConfig
+from engine.cycle import DraftProposer, speculative_decode
+from engine.errors import ConfigError
+
+
+def verified(rt, prompt: list[int], block: list[int]):
+    """A proposer whose context holds `prompt`, and a verify of `block` after it -> (proposer,
+    the verify's taps)."""
+    proposer = DraftProposer(rt.target, rt.draft)
+    cache = rt.target.make_cache()
+    _, taps = rt.target.forward(mx.array([prompt]), cache, proposer.tap_ids)
+    proposer.append_context(taps)
+    rt.target.begin_verify(cache)
+    _, taps = rt.target.forward(mx.array([block]), cache, proposer.tap_ids)
+    mx.eval(taps, proposer.cache[0].keys)
+    return proposer, taps
+
+
+@pytest.mark.parametrize("accepted", [0, 3, 7])
+def test_a_prefetched_draft_equals_the_draft_run_after_the_sync(tiny_pairs, accepted):
+    rt = load(tiny_pairs, "llama")
+    prompt, block = list(range(3, 30)), [5, 9, 2, 7, 11, 4, 8, 6]
+    keep, following = accepted + 1, 13
+    proposer, taps = verified(rt, prompt, block)
+    settled = copy.deepcopy(proposer)
+    settled.append_context(taps[:, :keep])
+    want = settled.draft_logits(following, 16)
+
+    proposer.prefetch(taps, mx.array(accepted), mx.array(following), 16)
+    got = proposer._prefetched
+    proposer.settle(keep)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5).item()
+    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(want, axis=-1)).item()
+    # The settled context is the one the draft would have built: the kept positions only.
+    for c, ref in zip(proposer.cache, settled.cache):
+        assert c.offset == ref.offset == len(prompt) + keep
+        for a, b in zip(c.keys_and_values(), ref.keys_and_values()):
+            assert mx.allclose(a, b, atol=1e-6).item()
+    # The next proposal is the prefetched one, then the proposer drafts on its own again.
+    proposer._prefetched = got
+    first = proposer.draft_proposal(following, 16)
+    assert first[0, 0].item() == following and proposer._prefetched is None
+    assert first[0, 1:].tolist() == mx.argmax(want, axis=-1)[0].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_prefetching_cycles_read_once_and_stay_greedy(tiny_pairs, family):
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello world")
+    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=60)]
+    proposer = DraftProposer(rt.target, rt.draft, prefetching=True)
+    assert proposer.prefetching
+    prefetches = []
+    original = proposer.prefetch
+    proposer.prefetch = lambda *a: (prefetches.append(a[0].shape[1]), original(*a))[1]
+    per_cycle, tokens = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 60, 16,
+                                                           512))
+    assert len(per_cycle) > 3 and set(per_cycle) == {1}
+    assert len(prefetches) == len(per_cycle)  # every cycle queued the next draft
+    assert tokens == want  # plain greedy decoding, bit for bit
+    assert proposer.cache[0].offset == len(ids) + len(tokens) - 1  # the last token unfed
+
+
+def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, monkeypatch):
+    rt = load(tiny_pairs, "llama")
+    assert not DraftProposer(rt.target, rt.draft, min_confidence=0.4, prefetching=True).prefetching
+    rt.draft.layers[0].self_attn.window = 4  # a sliding-window layer
+    try:
+        assert not rt.draft.can_prefetch
+        assert not DraftProposer(rt.target, rt.draft, prefetching=True).prefetching
+    finally:
+        rt.draft.layers[0].self_attn.window = None
+    sampled = load(tiny_pairs, "llama", prefetch_draft=True)
+    assert sampled.describe()["prefetch_draft"]
+    monkeypatch.setattr(DraftProposer, "prefetch", lambda *a: pytest.fail("prefetched"))
+    out = sampled.generate("Hello", max_tokens=12, no_eos=True, temperature=0.8, seed=1)
+    assert len(out.tokens) == 12 and out.cycles > 1  # sampled: drafted after each sync
+
+
+def test_prefetch_is_on_where_a_cycle_waits_on_the_host():
+    assert DFlashConfig().prefetch_for("cuda") and DFlashConfig().prefetch_for("metal")
+    assert not DFlashConfig().prefetch_for("cpu")
+    assert DFlashConfig(prefetch_draft=True).prefetch_for("cpu")
+    assert not DFlashConfig(prefetch_draft=False).prefetch_for("cuda")
+    with pytest.raises(ConfigError, match="prefetch_draft"):
+        DFlashConfig(prefetch_draft="yes")
