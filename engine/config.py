@@ -50,11 +50,11 @@ class DFlashConfig:
     # Lossless: the target verifies it like a draft. None: the draft proposes every cycle.
     lookup_min_match: int | None = MIN_MATCH
     # Queue each cycle's next draft forward before the cycle's one host sync, on the verify's
-    # outputs still on the device, so that the device drafts while the host reads the commit
-    # and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and whole
-    # blocks only. Lossless: the target verifies every proposal. "auto": on GPUs and Metal,
-    # where a cycle waits on host work; off on the CPU, where the device is the host.
-    prefetch_draft: bool | str = "auto"
+    # outputs still on the device, so that the device can draft while the host reads the
+    # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
+    # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. Off until
+    # a GPU run shows it pays. Lossless: the target verifies every proposal.
+    prefetch_draft: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -107,9 +107,9 @@ class DFlashConfig:
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 2):
             raise ConfigError(f"lookup_min_match={m!r}: use a token count of at least 2, or "
                               "None (no lookup: the draft proposes every cycle)")
-        if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
-            raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True, False or "
-                              "'auto' (on GPUs and Metal)")
+        if not isinstance(self.prefetch_draft, bool):
+            raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
+                              "next draft forward before each cycle's sync) or False")
         if self.chat_template_args is not None and not isinstance(self.chat_template_args, dict):
             raise ConfigError(f"chat_template_args={self.chat_template_args!r}: use a dict of "
                               "template keyword arguments, e.g. {'enable_thinking': False}")
@@ -122,12 +122,6 @@ class DFlashConfig:
         if self.min_draft_confidence == "auto":
             return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
         return self.min_draft_confidence  # type: ignore[return-value]
-
-    def prefetch_for(self, backend: str) -> bool:
-        """Whether cycles prefetch the next draft forward on a backend, "auto" resolved."""
-        if self.prefetch_draft == "auto":
-            return backend != "cpu"
-        return bool(self.prefetch_draft)
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
         """The draft's top-K token count for a backend, "auto" resolved; None: full head."""
@@ -151,10 +145,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-padding", choices=["on", "off"], default="on",
                    help="with the verify cut on, verify the cheapest length at or above the "
                         "cut's, measured once per machine (default on); 'off': the cut's own")
-    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--prefetch-draft", choices=["on", "off"], default="off",
                    help="queue the next cycle's draft forward before the cycle's host sync "
-                        "(greedy, whole blocks); 'auto' (default): on GPUs and Metal, off on "
-                        "CPU")
+                        "(greedy, whole blocks; for GPUs, not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -232,8 +225,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
-                        prefetch_draft={"on": True, "off": False}.get(args.prefetch_draft,
-                                                                      "auto"),
+                        prefetch_draft=args.prefetch_draft == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 

@@ -55,7 +55,7 @@ class DFlashRuntime:
             # blocks.
             self.min_confidence = None
         # Greedy whole-block cycles queue their next draft forward before their sync
-        self.prefetch_draft = (self.config.prefetch_for(device.current())
+        self.prefetch_draft = (self.config.prefetch_draft
                                and self.min_confidence is None and lockstep is None
                                and draft is not None and draft.can_prefetch)
         self.target_id, self.draft_id = target_id, draft_id

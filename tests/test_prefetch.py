@@ -91,10 +91,10 @@ def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, mo
     assert len(out.tokens) == 12 and out.cycles > 1  # sampled: drafted after each sync
 
 
-def test_prefetch_is_on_where_a_cycle_waits_on_the_host():
-    assert DFlashConfig().prefetch_for("cuda") and DFlashConfig().prefetch_for("metal")
-    assert not DFlashConfig().prefetch_for("cpu")
-    assert DFlashConfig(prefetch_draft=True).prefetch_for("cpu")
-    assert not DFlashConfig(prefetch_draft=False).prefetch_for("cuda")
+def test_prefetch_is_an_option_checked_once(tiny_pairs):
+    assert not DFlashConfig().prefetch_draft
+    assert not load(tiny_pairs, "llama").describe()["prefetch_draft"]
+    assert not load(tiny_pairs, "llama", prefetch_draft=True,
+                    min_draft_confidence=0.4).describe()["prefetch_draft"]  # the cut reads first
     with pytest.raises(ConfigError, match="prefetch_draft"):
         DFlashConfig(prefetch_draft="yes")
