@@ -209,3 +209,13 @@ def test_bench_table_names_near_tie_divergences_and_flags_others():
     assert match(ties) == "near-ties only (3 of 10 runs, gap <= 0.031)"
     assert match({**ties, "divergences_all_near_ties": False}) == "NO"
     assert match({**base, "token_match": False}) == "NO"  # float32: no near-tie field
+
+
+def test_the_plain_step_study_counts_costs_in_plain_steps():
+    from script_modules import load_script
+
+    study = load_script("plain_step_study")
+    # cycles of 1, 3, 1 tokens at 2 steps each: 6 steps speculating; after each 1-token cycle
+    # (m=1) one plain step (k=1) takes the next token, then the rest of that run follows
+    assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 0, 1) == 6.0
+    assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 1, 1) == 2.0 + 1.0 + 2.0 + 2.0
