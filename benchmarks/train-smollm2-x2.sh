@@ -37,10 +37,11 @@
 #            GEN_S=420 (both slices on one GPU at once: the second ran out of memory, the first
 #            answered 31,522 prompts alone), then PART=ab AB_VARIANTS=a AB_S=420 LR=8e-5
 #            INIT=/root/stash/files/draft15.tar
-#   next: stage the GGUF, train_prompts, gen-14-0, gen-15-0, gen-16-cpu, gen-17-0.npz and
-#            draft16.tar (~/.cache/dflash-chat/train-data/stage16/: the stage-16 weights, a tar of
-#            config.json, model.safetensors, token_ranking.json, train-log.json); one generator
-#            per GPU (GEN_GPUS=0), then INIT=/root/stash/files/draft16.tar for the training parts
+#   stage 17 (one H200): the GGUF, train_prompts, gen-14-0, gen-15-0, gen-16-cpu, gen-17-0.npz
+#            and draft16.tar (~/.cache/dflash-chat/train-data/stage16/: the stage-16 weights, a
+#            tar of config.json, model.safetensors, token_ranking.json, train-log.json) staged;
+#            SEED=18 PART=gen GEN_GPUS=0 GEN_S=400, then PART=ab AB_VARIANTS=a AB_S=420 LR=6e-5
+#            INIT=/root/stash/files/draft16.tar (not shipped: held-out up, every suite down)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
