@@ -289,8 +289,9 @@ class DraftProposer:
     # Queue the next cycle's draft forward before this cycle's sync (`prefetch`): greedy,
     # whole blocks only (the cut reads the draft's output before the verify anyway).
     prefetching: bool = False
-    _prefetched: mx.array | None = None  # the next cycle's draft logits [1, B - 1, K]
-    _unsettled: int = 0  # context entries past the kept ones, until `settle`
+    # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
+    _prefetched: mx.array | None = field(default=None, init=False, repr=False)
+    _unsettled: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.cache:

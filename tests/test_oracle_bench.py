@@ -21,11 +21,13 @@ def run(tiny_pairs, tmp_path, *extra: str) -> tuple[int, dict]:
     return rc, json.loads(out.read_text()) if out.is_file() else {}
 
 
-@pytest.mark.parametrize("k", [2, 8])
-def test_oracle_benchmark_sets_tokens_per_cycle(tiny_pairs, tmp_path, k):
+@pytest.mark.parametrize("k, prefetch", [(2, "off"), (8, "off"), (4, "on")])
+def test_oracle_benchmark_sets_tokens_per_cycle(tiny_pairs, tmp_path, k, prefetch):
     rc, report = run(tiny_pairs, tmp_path, "--max-tokens", "96", "--no-warmup",
-                     "--oracle-tokens-per-cycle", str(k))
+                     "--oracle-tokens-per-cycle", str(k), "--min-confidence", "off",
+                     "--prefetch-draft", prefetch)
     assert rc == 0 and report["summary"]["token_match"] is True
+    assert report["model"]["prefetch_draft"] is (prefetch == "on")
     assert report["settings"]["oracle_tokens_per_cycle"] == k
     assert report["settings"]["min_draft_confidence"] is None  # whole blocks
     r = report["runs"][0]
