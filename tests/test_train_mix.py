@@ -326,3 +326,36 @@ def test_magpie_turns_give_every_steer_a_turn_and_writing_the_most():
     turns = Counter(MAGPIE_TURNS)
     assert set(turns) == set(range(len(MAGPIE_STEERS)))
     assert "creative writing" in MAGPIE_STEERS[turns.most_common(1)[0][0]]
+
+
+def test_prompt_coverage_counts_answered_prompts_per_source_and_slice(tmp_path):
+    import gzip
+    import json
+
+    from script_modules import load_script
+
+    from engine.train.mix import in_slice, is_held_out
+
+    coverage = load_script("prompt_coverage").coverage
+    records = [{"id": f"src-{i:04d}", "source": "a" if i % 2 else "b", "prompt": f"q {i}"}
+               for i in range(40)]
+    records.append({"id": "src-x", "source": "a", "turns": ["first turn", "second"]})
+    path = tmp_path / "p.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+    class Answered:  # answered before: two plain prompts (one held out), a multi-turn record
+        def has_text(self, text: str) -> bool:
+            return text in {"q 3", "q 4", "first turn"}
+
+    counts = coverage(Answered(), path, 2)
+    kept = [r for r in records if not is_held_out(r["id"])]
+    for source in ("a", "b"):
+        for k in (0, 1):
+            row = counts[source][k]
+            mine = [r for r in kept if r["source"] == source and in_slice(r["id"], k, 2)]
+            assert row["prompts"] == len(mine)
+            assert row["answered"] == sum((r.get("turns") or [r.get("prompt")])[0]
+                                          in {"q 3", "q 4", "first turn"} for r in mine)
+    assert is_held_out("src-0003")  # so "q 3" counts nowhere
+    assert sum(r["answered"] for rows in counts.values() for r in rows) == 2
