@@ -42,6 +42,10 @@
 #            tar of config.json, model.safetensors, token_ranking.json, train-log.json) staged;
 #            SEED=18 PART=gen GEN_GPUS=0 GEN_S=400, then PART=ab AB_VARIANTS=a AB_S=420 LR=6e-5
 #            INIT=/root/stash/files/draft16.tar (not shipped: held-out up, every suite down)
+#   next: slice 0 is answered out (scripts/prompt_coverage.py): stage the same files plus
+#            gen-18-0.npz (~/.cache/dflash-chat/train-data/stage17/), then SEED=19 PART=gen
+#            GEN_GPUS=1 GEN_DEVICE=0 (slice 1/2 on GPU 0) and INIT=/root/stash/files/draft16.tar
+#            for the training parts
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
