@@ -147,7 +147,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "cut's, measured once per machine (default on); 'off': the cut's own")
     p.add_argument("--prefetch-draft", choices=["on", "off"], default="off",
                    help="queue the next cycle's draft forward before the cycle's host sync "
-                        "(greedy, whole blocks; for GPUs, not yet measured there; default off)")
+                        "(greedy, whole blocks: on a CPU add --min-confidence off; meant for "
+                        "GPUs, not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
