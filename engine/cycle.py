@@ -88,9 +88,17 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
         return block
     head = head or DraftHead(target)
     logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
-    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(block.dtype)
-    proposal = mx.concatenate([block[:, :1], drafted], axis=1)
-    return proposal[:, :verify_length(logits, min_confidence, size, lengths)]
+    return drafted_proposal(staged, logits, head, min_confidence, lengths)
+
+
+def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
+                     min_confidence: float | None = None, lengths: Sequence[int] = ()
+                     ) -> mx.array:
+    """Draft logits [1, size - 1, K] over `head` -> verify input [1, <= size]: `staged`, then
+    the draft's top tokens, as `verify_length` cuts them."""
+    drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
+    proposal = mx.concatenate([mx.array([[staged]], dtype=mx.int32), drafted], axis=1)
+    return proposal[:, :verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)]
 
 
 def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
@@ -386,8 +394,8 @@ class DraftProposer:
         if logits is None:
             return propose(self.target, self.draft, self.cache, staged, size,
                            self.min_confidence, self.head, self.verify_lengths)
-        drafted = self.output_head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
-        return mx.concatenate([mx.array([[staged]], dtype=mx.int32), drafted], axis=1)
+        return drafted_proposal(staged, logits, self.output_head, self.min_confidence,
+                                self.verify_lengths)
 
     def _take_prefetched(self, size: int) -> mx.array | None:
         """The prefetched draft logits for a block of `size` (None when there are none)."""
