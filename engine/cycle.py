@@ -272,6 +272,13 @@ def read_commit(values: mx.array) -> tuple[int, list[int], bool]:
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
 
+def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
+    """Whether cycles can queue the next draft forward before their sync
+    (`DraftProposer.prefetch`): whole blocks only (the cut reads the draft's output before the
+    verify anyway) and a draft whose window counts no unsettled positions."""
+    return min_confidence is None and draft.can_prefetch
+
+
 @dataclass
 class DraftProposer:
     """The DFlash draft as the cycle's proposer: its context cache, output head and verify cut.
@@ -294,8 +301,8 @@ class DraftProposer:
     took_repeat: bool | mx.array = False
     # With the cut on: the length to verify for each cut length (see `padded`); () exactly it
     verify_lengths: Sequence[int] = ()
-    # Queue the next cycle's draft forward before this cycle's sync (`prefetch`): greedy,
-    # whole blocks only (the cut reads the draft's output before the verify anyway).
+    # Queue the next cycle's draft forward before this cycle's sync (`prefetch`), where
+    # `prefetch_applies`; greedy cycles only.
     prefetching: bool = False
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
@@ -304,8 +311,7 @@ class DraftProposer:
     def __post_init__(self) -> None:
         if not self.cache:
             self.cache = self.draft.make_cache()
-        self.prefetching = (self.prefetching and self.min_confidence is None
-                            and self.draft.can_prefetch)
+        self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's context grows with them)."""

@@ -11,7 +11,14 @@ import mlx.nn as nn
 
 from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
-from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
+from .cycle import (
+    Commit,
+    DraftProposer,
+    plain_decode,
+    prefetch_applies,
+    prefill,
+    speculative_decode,
+)
 from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
@@ -55,9 +62,9 @@ class DFlashRuntime:
             # blocks.
             self.min_confidence = None
         # Greedy whole-block cycles queue their next draft forward before their sync
-        self.prefetch_draft = (self.config.prefetch_draft
-                               and self.min_confidence is None and lockstep is None
-                               and draft is not None and draft.can_prefetch)
+        self.prefetch_draft = (self.config.prefetch_draft and lockstep is None
+                               and draft is not None
+                               and prefetch_applies(draft, self.min_confidence))
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
