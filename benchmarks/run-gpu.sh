@@ -20,10 +20,11 @@
 #                with DFLASH_GPU_ATTENTION=mlx (SUFFIX -mlxattn); ~7 minutes
 #   PART=sources the held-out real-prompt answers' simulated tokens/cycle per prompt source
 #                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
-#   PART=prefetch issue 13's draft prefetch A/B: a first short run builds the kernels (a fresh
-#                machine spends minutes there), then the oracle rows at 8 and 4 (ORACLE=0 skips
-#                them) and the suites in SUITES (default mt-bench: all fits no 10-minute call),
-#                each with --prefetch-draft on and off (-prefetch-on / -prefetch-off names)
+#   PART=overlap issue 13's early-queued work A/B: a first short run builds the kernels (a fresh
+#                machine spends minutes there), then for each of VARIANTS (default "off prefetch
+#                stream both": nothing, --prefetch-draft on, --stream-verify EVERY (default 6),
+#                both) the oracle rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them) and
+#                the suites in SUITES (default mt-bench), -<variant> in the file names
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -91,15 +92,25 @@ sources)  # issue 12: which prompt sources the draft predicts worst
   TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
 gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
-prefetch)  # issue 13: the next draft queued before each cycle's sync, against after it
-  BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64 --prefetch-draft on  # kernels
-  if [[ ${ORACLE:-1} == 1 ]]; then
-    for pf in on off; do ARGS="--prefetch-draft $pf" SUFFIX=-prefetch-$pf oracle_rows; done
-  fi
-  for suite in ${SUITES:-mt-bench}; do
-    for pf in on off; do
-      ARGS="--prefetch-draft $pf" bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 \
-        --json "$OUT/smollm2-$suite-prefetch-$pf-h200.json"
+overlap)  # issue 13: work queued before the host needs it, against the engine's defaults
+  BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels
+  for v in ${VARIANTS:-off prefetch stream both}; do
+    case $v in
+      off) a="" ;;
+      prefetch) a="--prefetch-draft on" ;;
+      stream) a="--stream-verify ${EVERY:-6}" ;;
+      both) a="--prefetch-draft on --stream-verify ${EVERY:-6}" ;;
+      *) echo "unknown variant $v" >&2; continue ;;
+    esac
+    if [[ ${ORACLE:-1} == 1 ]]; then
+      for k in ${ORACLE_KS:-8 4}; do
+        ARGS="$a" bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos \
+          --oracle-tokens-per-cycle $k --json "$OUT/smollm2-oracle$k-$v-h200.json"
+      done
+    fi
+    for suite in ${SUITES:-mt-bench}; do
+      ARGS="$a" bench --suite "$suite" --limit ${LIMIT:-10} --max-tokens 256 \
+        --json "$OUT/smollm2-$suite-$v-h200.json"
     done
   done ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
@@ -107,7 +118,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|attention|prefetch|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|attention|overlap|sources|sampled|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0

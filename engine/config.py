@@ -55,6 +55,11 @@ class DFlashConfig:
     # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. Off until
     # a GPU run shows it pays. Lossless: the target verifies every proposal.
     prefetch_draft: bool = False
+    # Queue each target forward's work every N decoder layers while the host builds the rest
+    # of its graph (mx.async_eval), so that the device starts on the first layers instead of
+    # idling until the whole verify is built. Meant for GPUs and Metal; off (None) until a GPU
+    # run shows it pays. The same graph either way: the output does not change.
+    stream_verify: int | None = None
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -110,6 +115,10 @@ class DFlashConfig:
         if not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync) or False")
+        sv = self.stream_verify
+        if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
+            raise ConfigError(f"stream_verify={sv!r}: use a layer count of at least 1 (queue "
+                              "the forward's work every that many layers) or None (off)")
         if self.chat_template_args is not None and not isinstance(self.chat_template_args, dict):
             raise ConfigError(f"chat_template_args={self.chat_template_args!r}: use a dict of "
                               "template keyword arguments, e.g. {'enable_thinking': False}")
@@ -149,6 +158,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="queue the next cycle's draft forward before the cycle's host sync "
                         "(greedy, whole blocks: on a CPU add --min-confidence off; meant for "
                         "GPUs, not yet measured there; default off)")
+    p.add_argument("--stream-verify", type=layers_arg, default=None, metavar="N|off",
+                   help="queue each target forward's work every N layers while the rest of "
+                        "its graph is built, so a GPU starts early (meant for GPUs, not yet "
+                        "measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -227,6 +240,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
                         prefetch_draft=args.prefetch_draft == "on",
+                        stream_verify=args.stream_verify,
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 
@@ -262,6 +276,15 @@ def lookup_arg(text: str) -> int | None:
         return None
     if not text.isdigit() or int(text) < 2:
         raise argparse.ArgumentTypeError(f"{text!r}: give a token count of at least 2, or 'off'")
+    return int(text)
+
+
+def layers_arg(text: str) -> int | None:
+    """argparse type for --stream-verify: a layer count of at least 1, or 'off'."""
+    if text == "off":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a layer count of at least 1, or 'off'")
     return int(text)
 
 

@@ -65,6 +65,8 @@ class DFlashRuntime:
         self.prefetch_draft = (self.config.prefetch_draft and lockstep is None
                                and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
+        # Sharded targets keep every rank's forward in lockstep: no early queueing there
+        self.target.launch_every = (self.config.stream_verify or 0) if lockstep is None else 0
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
@@ -168,6 +170,7 @@ class DFlashRuntime:
             "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
+            "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,

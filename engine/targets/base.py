@@ -70,6 +70,10 @@ class TargetAdapter:
     family: str = ""
     model_types: tuple[str, ...] = ()
     lockstep: Any = None  # a distributed.Lockstep when the target is sharded over ranks
+    # Queue a forward's work every this many layers (0: only when the caller evaluates it),
+    # so that the device runs the first layers while the host builds the rest: a GPU
+    # otherwise idles for the whole graph build (DFlashConfig.stream_verify).
+    launch_every: int = 0
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -210,6 +214,8 @@ class TargetAdapter:
             h = self._layer_forward(i, layer, h, masks, c)
             if i in wanted:
                 outputs[i] = h
+            if self.launch_every and (i + 1) % self.launch_every == 0 and i + 1 < len(self.layers):
+                mx.async_eval(h)
         if last_only:
             h = h[:, -1:]
         logits = self.lm_head(self.inner.norm(h))
