@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
-from tiny_pairs import TruthOracle, cache_states
+from tiny_pairs import REPEATING, TruthOracle, cache_states
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, speculative_decode
@@ -17,10 +17,10 @@ FAMILIES = ["llama", "qwen3", "qwen3_5"]
 PROMPTS = ["Hello world", "def add(a, b):", "What is 12 times 7?"]
 
 
-def load(tiny_pairs, family, **config):
+def load(tiny_pairs, family, mixing=1.0, **config):
     # whole blocks unless a test says otherwise: the CPU default cuts verifies short
     config.setdefault("min_draft_confidence", None)
-    target, draft = tiny_pairs(family)
+    target, draft = tiny_pairs(family, mixing)
     return DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                          config=DFlashConfig(**config))
 
@@ -41,14 +41,15 @@ def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_looked_up_proposals_stay_lossless(tiny_pairs, family):
-    """Cycles the suffix lookup proposes (a tiny random target repeats itself soon) commit
-    the target's greedy tokens too; with the lookup off the draft proposes every cycle."""
-    rt = load(tiny_pairs, family, lookup_min_match=2)
+    """Cycles the suffix lookup proposes (on a target whose replies repeat soon) commit the
+    target's greedy tokens too; with the lookup off the draft proposes every cycle."""
+    rt = load(tiny_pairs, family, REPEATING, lookup_min_match=2)
     ids = rt.encode("one two one two one two")
     result = rt.generate(ids, max_tokens=200, no_eos=True)
     assert result.lookup_cycles > 0
     assert result.tokens == mlx_lm_greedy(rt, ids, 200)
-    off = load(tiny_pairs, family, lookup_min_match=None).generate(ids, 200, no_eos=True)
+    off = load(tiny_pairs, family, REPEATING, lookup_min_match=None).generate(ids, 200,
+                                                                              no_eos=True)
     assert off.lookup_cycles == 0 and off.tokens == result.tokens
 
 
@@ -70,7 +71,7 @@ def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkey
     choose_proposal = engine.cycle.choose_proposal
     monkeypatch.setattr(engine.cycle, "choose_proposal", counted)
     monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", odds)
-    rt = load(tiny_pairs, family, lookup_min_match=12, min_draft_confidence=cut)
+    rt = load(tiny_pairs, family, REPEATING, lookup_min_match=12, min_draft_confidence=cut)
     ids = rt.encode("one two three one two three four one two three one two")
     result = rt.generate(ids, max_tokens=120, no_eos=True)
     assert choices and set(choices) == {odds == 0.0}

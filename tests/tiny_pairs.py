@@ -88,7 +88,19 @@ def _init_weights(model: nn.Module, seed: int, scale: float = 0.08) -> None:
     model.load_weights(params)
 
 
-def make_tiny_target(out_dir: Path, family: str = "llama", seed: int = 0) -> Path:
+# The output projections of a layer's token mixer (attention, GatedDeltaNet): what carries
+# the context into a position's next-token choice.
+MIXER_OUTPUTS = ("self_attn.o_proj.weight", "linear_attn.out_proj.weight")
+REPEATING = 0.1  # a `mixing` at which every family's seed-0 replies repeat within 200 tokens
+
+
+def make_tiny_target(out_dir: Path, family: str = "llama", seed: int = 0,
+                     mixing: float = 1.0) -> Path:
+    """A tiny random target of `family`, the same for a seed whatever ran before (parameters
+    that mlx-lm draws when it builds a model, such as GatedDeltaNet's A_log, included).
+    `mixing` scales the token mixers' outputs: small (REPEATING), the next token depends
+    mostly on the current one, so greedy replies soon repeat what came before (matches for
+    the suffix lookup) while the caches still matter."""
     from mlx_lm.utils import _get_classes
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,8 +109,12 @@ def make_tiny_target(out_dir: Path, family: str = "llama", seed: int = 0) -> Pat
     if family == "qwen3_5":
         config = {"model_type": "qwen3_5", "text_config": config}
     model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     _init_weights(model, seed)
+    if mixing != 1.0:
+        model.load_weights([(name, p * mixing) for name, p in tree_flatten(model.parameters())
+                            if name.endswith(MIXER_OUTPUTS)], strict=False)
     mx.save_safetensors(str(out_dir / "model.safetensors"),
                         dict(tree_flatten(model.parameters())))
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
@@ -128,17 +144,19 @@ def save_draft(draft: DFlashDraft, out_dir: Path) -> Path:
 
 
 def make_tiny_pair(tmp_dir: Path, family: str = "llama", seed: int = 0,
-                   block_size: int = 16) -> tuple[Path, Path]:
-    """-> (target_dir, draft_dir) loadable by DFlashRuntime.from_pretrained(model=, draft=)."""
+                   block_size: int = 16, mixing: float = 1.0) -> tuple[Path, Path]:
+    """-> (target_dir, draft_dir) loadable by DFlashRuntime.from_pretrained(model=, draft=);
+    `mixing` as for make_tiny_target."""
     tmp_dir = Path(tmp_dir)
-    target_dir = make_tiny_target(tmp_dir / f"tiny-{family}", family, seed)
+    name = f"tiny-{family}" if mixing == 1.0 else f"tiny-{family}-mixing{mixing:g}"
+    target_dir = make_tiny_target(tmp_dir / name, family, seed, mixing)
     config = json.loads((target_dir / "config.json").read_text())
     tok = json.loads((target_dir / "tokenizer.json").read_text())
     vocab = config.get("text_config", config)["vocab_size"]
     mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|mask|>")
     draft = DFlashDraft(tiny_draft_args(config, vocab, mask_id, block_size=block_size))
     _init_weights(draft, seed + 1)
-    return target_dir, save_draft(draft, tmp_dir / f"tiny-{family}-dflash")
+    return target_dir, save_draft(draft, tmp_dir / f"{name}-dflash")
 
 
 class TruthOracle(DraftProposer):
