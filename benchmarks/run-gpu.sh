@@ -20,11 +20,14 @@
 #                with DFLASH_GPU_ATTENTION=mlx (SUFFIX -mlxattn); ~7 minutes
 #   PART=sources the held-out real-prompt answers' simulated tokens/cycle per prompt source
 #                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
-#   PART=overlap issue 13's early-queued work A/B: a first short run builds the kernels (a fresh
-#                machine spends minutes there), then for each of VARIANTS (default "off prefetch
-#                stream both": nothing, --prefetch-draft on, --stream-verify EVERY (default 6),
-#                both) the oracle rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them) and
-#                the suites in SUITES (default mt-bench), -<variant> in the file names
+#   PART=overlap issue 13's host-cost A/B: a first short run builds the kernels (a fresh machine
+#                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
+#                each of VARIANTS (default "off prefetch stream compiled all": nothing,
+#                --prefetch-draft on, --stream-verify EVERY (default 6), --compiled-verify on,
+#                prefetch + compiled) the oracle rows at ORACLE_KS (default "8 4"; ORACLE=0
+#                skips them) and the suites in SUITES (default mt-bench), -<variant> in the file
+#                names. All five may not fit one 10-minute call: split VARIANTS over two
+#                calls on one machine (KERNELS=0 in the second)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -93,13 +96,16 @@ sources)  # issue 12: which prompt sources the draft predicts worst
 gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
 overlap)  # issue 13: work queued before the host needs it, against the engine's defaults
-  BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels
-  for v in ${VARIANTS:-off prefetch stream both}; do
+  if [[ ${KERNELS:-1} == 1 ]]; then
+    BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64 --compiled-verify on  # kernels
+  fi
+  for v in ${VARIANTS:-off prefetch stream compiled all}; do
     case $v in
       off) a="" ;;
       prefetch) a="--prefetch-draft on" ;;
       stream) a="--stream-verify ${EVERY:-6}" ;;
-      both) a="--prefetch-draft on --stream-verify ${EVERY:-6}" ;;
+      compiled) a="--compiled-verify on" ;;
+      all) a="--prefetch-draft on --compiled-verify on" ;;
       *) echo "unknown variant $v" >&2; continue ;;
     esac
     if [[ ${ORACLE:-1} == 1 ]]; then

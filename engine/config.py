@@ -60,6 +60,13 @@ class DFlashConfig:
     # idling until the whole verify is built. Meant for GPUs and Metal; off (None) until a GPU
     # run shows it pays. The same graph either way: the output does not change.
     stream_verify: int | None = None
+    # Run each full-block verify of a pure-attention target (llama, qwen2, qwen3, mistral) as
+    # one compiled forward over its KV cache's whole buffer (engine/targets/compiled_verify.py):
+    # the host builds no graph per verify and the device runs fused kernels. Its rounding
+    # differs from the layer-by-layer forward's (lossless under the near-tie rule, not bit for
+    # bit plain decoding in float32), so it is meant for GPUs at checkpoint precision; off
+    # until a GPU run shows it pays.
+    compiled_verify: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -115,6 +122,9 @@ class DFlashConfig:
         if not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync) or False")
+        if not isinstance(self.compiled_verify, bool):
+            raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
+                              "compiled forward per full-block verify) or False")
         sv = self.stream_verify
         if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
             raise ConfigError(f"stream_verify={sv!r}: use a layer count of at least 1 (queue "
@@ -162,6 +172,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="queue each target forward's work every N layers while the rest of "
                         "its graph is built, so a GPU starts early (meant for GPUs, not yet "
                         "measured there; default off)")
+    p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
+                   help="run each full-block verify of a llama/qwen2/qwen3 target as one "
+                        "compiled forward (meant for GPUs at checkpoint precision: it rounds "
+                        "differently from plain decoding; not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -241,6 +255,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         padded_verify=args.verify_padding == "on",
                         prefetch_draft=args.prefetch_draft == "on",
                         stream_verify=args.stream_verify,
+                        compiled_verify=args.compiled_verify == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 

@@ -77,7 +77,10 @@ class DFlashRuntime:
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
         cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
-        self.target.warm_up(self.block_size)  # kernels compile here, not mid-reply
+        self.compiled_verify = self.target.compile_verify(
+            self.block_size if self.config.compiled_verify and draft is not None else 0)
+        taps = draft.args.target_layer_ids if draft is not None else ()
+        self.target.warm_up(self.block_size, taps)  # kernels compile here, not mid-reply
         # With the cut on: the length to verify for each cut's (measured once per machine)
         self.verify_lengths: tuple[int, ...] = ()
         if draft is not None and self.min_confidence is not None and self.config.padded_verify:
@@ -171,6 +174,7 @@ class DFlashRuntime:
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
+            "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,

@@ -16,7 +16,7 @@ attention may run through cpu_attention.py (the same code and bits, a faster sof
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -26,6 +26,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
 from .base import TargetAdapter, cache_arrays
+from .compiled_verify import CompiledVerify
 from .cpu_attention import attention_call
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
@@ -52,6 +53,10 @@ class AttentionAdapter(TargetAdapter):
         super().__init__(model)
         self._halves: list[Callable[[mx.array, mx.array], mx.array]] | None = None
         self._verifying = False
+        # Whole compiled verifies (compile_verify): the block length they serve (0: off) and
+        # one compiled forward per tap list
+        self._compiled_length = 0
+        self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
@@ -63,15 +68,37 @@ class AttentionAdapter(TargetAdapter):
         self._halves = [second_half(layer) for layer in self.layers] if on else None
         return on
 
-    def warm_up(self, verify_tokens: int = 16) -> None:
-        """Trace the compiled halves and build the kernels of a full-block verify on a
-        scratch cache: on a GPU the first one otherwise stalls the first reply's first cycle."""
-        if self._halves is None or self.lockstep is not None:  # sharded: the model's layers
-            return
+    def compile_verify(self, length: int) -> bool:
+        """Run verifies of `length` tokens as one compiled forward each (compiled_verify.py;
+        0: off); -> whether they will be (plain causal attention layers only, not sharded).
+        Other lengths (a reply's shorter last block) keep the layer-by-layer forward: a new
+        length would be a new trace mid-reply."""
+        plain = all(type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
+                    for layer in self.layers)
+        self._compiled_length = length if plain and self.lockstep is None else 0
+        return self._compiled_length > 0
+
+    def forward(self, tokens: mx.array, cache: list[Any], tap_ids, last_only: bool = False
+                ) -> tuple[mx.array, mx.array]:
+        compiled = (self._verifying and tokens.shape[1] == self._compiled_length
+                    and not last_only and cache[0].keys is not None)
+        if not compiled:
+            return super().forward(tokens, cache, tap_ids, last_only)
+        key = tuple(tap_ids)
+        if key not in self._compiled:
+            self._compiled[key] = CompiledVerify(self, key)
+        return self._compiled[key](tokens, cache)
+
+    def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
+        """Trace the compiled halves (or the compiled verify, for the draft's `tap_ids`) and
+        build the kernels of a full-block verify on a scratch cache: on a GPU the first one
+        otherwise stalls the first reply's first cycle."""
+        if (self._halves is None and not self._compiled_length) or self.lockstep is not None:
+            return  # nothing compiled (sharded: the model's own layers)
         cache = self.make_cache()
         self.forward(mx.array([[0]]), cache, [], last_only=True)
         self.begin_verify(cache)
-        logits, _ = self.forward(mx.zeros((1, verify_tokens), mx.int32), cache, [])
+        logits, _ = self.forward(mx.zeros((1, verify_tokens), mx.int32), cache, tap_ids)
         self.rollback(cache, keep=0, verified=verify_tokens)
         mx.eval(logits, cache_arrays(cache))
 

@@ -160,9 +160,14 @@ class TargetAdapter:
         """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
 
-    def warm_up(self, verify_tokens: int = 16) -> None:
-        """Compile whatever the target's verify (of up to `verify_tokens`) and rollback will
-        need, before the first reply (default: nothing to compile)."""
+    def compile_verify(self, length: int) -> bool:
+        """Run verifies of `length` tokens as one compiled forward (0: off); -> whether this
+        family can (default: no)."""
+        return False
+
+    def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
+        """Compile whatever the target's verify (of up to `verify_tokens`, tapping `tap_ids`)
+        and rollback will need, before the first reply (default: nothing to compile)."""
 
     @property
     def cpu_mlp(self) -> bool:

@@ -11,6 +11,7 @@ tape, replay and conv rows are per rank, on those heads, and the output is all_s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,7 @@ class GatedDeltaAdapter(TargetAdapter):
         return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
 
     # -- verify / rollback -------------------------------------------------------------
-    def warm_up(self, verify_tokens: int = 16) -> None:
+    def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """JIT-compile native kernels now: a compile takes seconds (the README's kernel notes),
         which would otherwise stall the first rejected draft of the first reply. A 2-token
         verify and a 1-token rollback on a scratch cache reach both kernels."""
