@@ -366,7 +366,9 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     target.forward(mx.array([[5] * ctx]), cache, [])
     draft.append_context(mx.zeros((1, ctx, target.hidden_size * len(taps_ids)),
                                   target_model_dtype(model)), dcache)
-    if hasattr(target, "compile_verify"):  # the buffer length a compiled verify runs at
+    compilable = target.compile_verify(size)  # the whole verify as one compiled forward
+    target.compile_verify(0)
+    if compilable:  # its KV buffers at the length it runs at
         from engine.targets.compiled_verify import capacity_for, fit
 
         for c in cache:
@@ -419,8 +421,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                 target._halves = halves
 
         phases["verify_own_layers"] = verify_own_layers
-    if target.compile_verify(size):  # the whole verify as one compiled forward (its first
-        target.compile_verify(0)     # build is its trace)
+    if compilable:  # its first build is its trace
 
         def verify_compiled(_: list) -> list:
             target.compile_verify(size)
