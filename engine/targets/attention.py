@@ -78,8 +78,8 @@ class AttentionAdapter(TargetAdapter):
         self._compiled_length = length if plain and self.lockstep is None else 0
         return self._compiled_length > 0
 
-    def forward(self, tokens: mx.array, cache: list[Any], tap_ids, last_only: bool = False
-                ) -> tuple[mx.array, mx.array]:
+    def forward(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
+                last_only: bool = False) -> tuple[mx.array, mx.array]:
         compiled = (self._verifying and tokens.shape[1] == self._compiled_length
                     and not last_only and cache[0].keys is not None)
         if not compiled:

@@ -2,8 +2,10 @@
 
 Built layer by layer in Python, a verify costs the host about one plain step's graph
 building, and a GPU idles until it is done. Here the forward is traced once with mx.compile
-and replayed in C++: the host's part of a verify shrinks to one call, and MLX fuses the
-elementwise chains, so there are fewer kernels to launch.
+and replayed in C++: no Python runs per layer (the host probe's `verify_compiled` phase,
+scripts/gpu_cycle_probe.py), and MLX fuses the elementwise chains, so there are fewer
+kernels to launch. Attention reads the whole buffer (masked): up to twice the context, a
+cost a GPU barely sees and a CPU does.
 
 A trace is specialised to its input shapes, and a KV cache's length changes with every
 cycle. So the compiled forward attends over the cache's whole buffer at a fixed capacity,
