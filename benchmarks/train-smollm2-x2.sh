@@ -71,7 +71,8 @@
 #   PART=resume continue a paused PART=train run (PAUSE again to split it further)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
-#   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU: a as INIT,
+#   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU (each timing
+#               PROFILE steps' phases, default 10, into its log's step_profile): a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
 #               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b; AB_GPU_B=0 puts
 #               b on GPU 0 and AB_VARIANTS=b runs b alone (one GPU: both at once run out of
@@ -198,7 +199,7 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
     CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
       python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
       --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \
-      --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
+      --profile-steps ${PROFILE:-10} --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
   done
   wait
   for v in ${AB_VARIANTS:-a b}; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;

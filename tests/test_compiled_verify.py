@@ -63,6 +63,16 @@ def test_compiled_cycles_stay_greedy_and_trace_once_per_capacity(tiny_pairs, fam
     assert compiled.traces == 2  # at load (256) and once past 256 positions (512)
 
 
+def test_compiled_verifies_with_the_other_gpu_options_stay_greedy(tiny_pairs):
+    rt = load(tiny_pairs, "llama", compiled_verify=True, prefetch_draft=True, stream_verify=2)
+    described = rt.describe()
+    assert described["compiled_verify"] and described["prefetch_draft"]
+    ids = rt.encode("def add(a, b):")
+    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=120)]
+    out = rt.generate(ids, max_tokens=120, no_eos=True)
+    assert out.tokens == want and out.cycles > 5
+
+
 def test_the_compiled_verify_is_for_plain_attention_targets_only(tiny_pairs):
     rt = load(tiny_pairs, "qwen3_5", compiled_verify=True)  # GatedDeltaNet layers
     assert rt.describe()["compiled_verify"] is False
