@@ -64,6 +64,8 @@
 #               TRAIN_GPU=g instead trains INIT on the answers staged before (and those in
 #               benchmarks/stage5) on GPU g meanwhile -> /root/draft, which PART=more then
 #               continues on both GPUs with the new answers too
+# DATA_WEIGHTS (any training part) sets each data file's share of an epoch (--data-weights,
+# e.g. "gen-19-*=1,*=0.4": this session's answers whole, a 40% replay of the rest).
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
 #               PAUSE=S ends the call after S seconds, then PART=resume continues the same
@@ -94,7 +96,7 @@ common=(--model "$MODEL" --depth 3 --taps 4 --intermediate-size 1024 --block-siz
         --max-len 1024 --no-progress)
 train_args=(--batch ${BATCH:-32} --anchors ${ANCHORS:-96} --steps 100000 --val-every 400
             --checkpoint-every 400 --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16
-            --heldout benchmarks/stage5/heldout.npz)
+            --heldout benchmarks/stage5/heldout.npz ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 data_args() {  # stage 5's data first (--data: its validation split is the same as before)
   echo --data benchmarks/stage5/data-5-0.npz
   # earlier sessions' answers staged as files (e.g. ~/.cache/dflash-chat/train-data/stage6/*.npz)

@@ -17,8 +17,11 @@ from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
 from engine.train.dataset import (
     Dataset,
+    data_weight,
     length_grouped_order,
+    parse_data_weights,
     token_ranking,
+    weighted_indices,
     write_token_ranking,
 )
 from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
@@ -425,6 +428,44 @@ def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):
     assert "extra.npz" in ranking["source"]
     bad = train_draft_main(argv[:-1] + [str(tmp_path / "missing.npz")])
     assert bad == 2
+
+
+def test_data_weights_set_each_files_share_of_an_epoch():
+    rules = parse_data_weights("gen-19-*.npz=2, *-cpu.npz=0, *=0.25")
+    assert [data_weight(n, rules) for n in ("gen-19-0.npz", "gen-16-cpu.npz", "data.npz")] \
+        == [2.0, 0.0, 0.25]
+    assert data_weight("x.npz", parse_data_weights("gen-*=3")) == 1.0  # unmatched: whole
+    for bad in ("", "gen=x", "=2", "gen=-1", "gen"):
+        with pytest.raises(ValueError, match="weight|rule"):
+            parse_data_weights(bad)
+    rng = np.random.default_rng(0)
+    picked = weighted_indices([40, 10, 20], [0.25, 2.0, 0.0], rng)
+    counts = np.bincount(picked, minlength=70)
+    assert len(picked) == 10 + 20 and set(counts[40:50]) == {2} and not counts[50:].any()
+    assert counts[:40].sum() == 10 and counts[:40].max() == 1  # a quarter, none twice
+    again = weighted_indices([40, 10, 20], [0.25, 2.0, 0.0], rng)
+    assert set(again[again < 40]) != set(picked[picked < 40])  # drawn anew each epoch
+
+
+def test_training_draws_its_epochs_by_the_data_weights(pair, tmp_path):
+    """--data-weights: each file's weight is logged and said (weighted_indices draws the
+    epochs by them, above), and a bad rule or an empty epoch is a one-line error."""
+    target_dir, *_ = pair
+    for name, start in (("old.npz", 10), ("fresh.npz", 40)):
+        Dataset([[1, start + i, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(
+            tmp_path / name)
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--depth", "1",
+            "--taps", "1", "--data", str(tmp_path / "old.npz"), "--extra-data",
+            str(tmp_path / "fresh.npz"), "--steps", "3", "--batch", "2", "--anchors", "2",
+            "--max-len", "8", "--val-size", "2", "--no-progress"]
+    said: list[str] = []
+    log = train(TrainConfig(**vars(build_parser().parse_args(
+        argv + ["--data-weights", "old.npz=0,fresh*=1.5"]))), say=said.append)
+    assert log["data"]["weights"] == {"old.npz": 0.0, "fresh.npz": 1.5}
+    assert any("an epoch takes 0 x old.npz, 1.5 x fresh.npz" in m for m in said)
+    assert train_draft_main(argv + ["--data-weights", "*=0"]) == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv + ["--data-weights", "old.npz"])
 
 
 def test_init_with_a_tap_list_grows_the_drafts_taps(pair, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,44 @@ def length_grouped_order(lengths: Sequence[int], batch: int, rng: np.random.Gene
     batches = [flat[i:i + batch] for i in range(0, len(flat), batch)]
     return np.concatenate([batches[i] for i in rng.permutation(len(batches))]) if batches \
         else flat
+
+
+def parse_data_weights(text: str) -> list[tuple[str, float]]:
+    """'gen-19-*.npz=1,*=0.4' -> [(file-name pattern, weight), ...], in order (the first
+    pattern a file's name matches gives its weight; unmatched files weigh 1)."""
+    rules = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        pattern, _, value = item.rpartition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not pattern or not weight >= 0:
+            raise ValueError(f"{item!r}: give each data file pattern a weight of 0 or more, "
+                             "e.g. 'gen-19-*.npz=2' or '*=0.5'")
+        rules.append((pattern, weight))
+    if not rules:
+        raise ValueError(f"{text!r}: no PATTERN=WEIGHT rule")
+    return rules
+
+
+def data_weight(name: str, rules: Sequence[tuple[str, float]]) -> float:
+    """A data file's weight: the first rule whose pattern its name matches (fnmatch), else 1."""
+    return next((w for pattern, w in rules if fnmatch.fnmatch(name, pattern)), 1.0)
+
+
+def weighted_indices(sizes: Sequence[int], weights: Sequence[float],
+                     rng: np.random.Generator) -> np.ndarray:
+    """One epoch's sequences when consecutive parts of `sizes` sequences weigh `weights`: a
+    part of weight w is taken floor(w) times whole plus a random share w - floor(w) of it
+    (so 0.4 replays 40% of an old part, drawn anew each epoch, and 2 takes a part twice)."""
+    picked, start = [], 0
+    for n, w in zip(sizes, weights):
+        whole, share = int(w), w - int(w)
+        picked += [np.arange(start, start + n)] * whole
+        picked.append(start + rng.choice(n, size=round(share * n), replace=False))
+        start += n
+    return np.concatenate(picked) if picked else np.zeros(0, np.int64)
 
 
 def token_ranking(datasets: Sequence[Dataset]) -> list[int]:

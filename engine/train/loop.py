@@ -36,9 +36,12 @@ from ..errors import ConfigError
 from ..targets.base import TargetAdapter
 from .dataset import (
     Dataset,
+    data_weight,
     distinct_prompts,
     encode_prompts,
     length_grouped_order,
+    parse_data_weights,
+    weighted_indices,
     write_token_ranking,
 )
 from .generate import ATTENTION, generate_dataset
@@ -88,6 +91,9 @@ class TrainConfig:
     gen_back_to_back: bool = False  # queue decode steps back to back (the old loop)
     gen_shares: str | None = None  # phase=share,... of the generation time (collect.py)
     skip_answered: list[str] = field(default_factory=list)  # datasets not to ask again
+    # "PATTERN=W,...": each data file's share of an epoch by its name (dataset.
+    # parse_data_weights; e.g. fresh answers whole, older ones replayed in part); None: all 1
+    data_weights: str | None = None
     resume: bool = False
     init: str | None = None  # start from this draft folder (its shape, taps and mask id)
     checkpoint_every: int = 500
@@ -335,6 +341,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if cfg.prompts_file and not Path(cfg.prompts_file).is_file():
         raise ConfigError(f"--prompts-file {cfg.prompts_file}: no such file (a JSONL(.gz) of "
                           "records with id, prompt, source)")
+    try:
+        weight_rules = parse_data_weights(cfg.data_weights) if cfg.data_weights else []
+    except ValueError as exc:
+        raise ConfigError(f"--data-weights {exc}") from None
     t0 = time.perf_counter()
     mx.random.seed(cfg.seed)
     group = mx.distributed.init(strict=True, backend=cfg.distributed) if cfg.distributed else None
@@ -383,7 +393,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         val_sets["heldout"] = Dataset.load(heldout_path)
     train_parts = []
     paths = [data_path, *map(Path, cfg.extra_data)]
-    for path, name in zip(paths, data_names(paths)):
+    names = data_names(paths)
+    for path, name in zip(paths, names):
         part = data if path == data_path else Dataset.load(path)
         kept, val = part.split(cfg.val_size)
         train_parts.append(kept)
@@ -395,6 +406,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         say(f"data: dropped {dropped['duplicate_prompts']} repeated and "
             f"{dropped['held_out_prompts']} held-out prompts")
     train_set = Dataset.concat(train_parts)
+    part_weights = {name: data_weight(name, weight_rules) for name in names}
+    if weight_rules:
+        share = sum(len(p) * w for p, w in zip(train_parts, part_weights.values()))
+        if round(share) < 1:
+            raise ConfigError(f"--data-weights {cfg.data_weights}: no training sequence left "
+                              f"(weights {part_weights})")
+        say("data: an epoch takes " + ", ".join(
+            f"{w:g} x {name}" for name, w in part_weights.items()))
     val_name = "heldout" if "heldout" in val_sets else next(iter(val_sets))
     val_set = val_sets[val_name]
 
@@ -440,15 +459,18 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
 
     def data_order(epoch: int) -> np.ndarray:  # the same on every rank, and after --resume
         rng = np.random.default_rng([cfg.seed, epoch])
+        pool = (weighted_indices([len(p) for p in train_parts], list(part_weights.values()),
+                                 rng) if weight_rules else np.arange(len(train_set)))
         if not cfg.group_by_length:
-            return rng.permutation(len(train_set))
+            return pool[rng.permutation(len(pool))]
         # one step's sequences (all ranks) come from one length group
-        return length_grouped_order([len(s) for s in train_set.sequences], cfg.batch * world,
-                                    rng)
+        return pool[length_grouped_order([len(train_set.sequences[i]) for i in pool],
+                                         cfg.batch * world, rng)]
 
     log: dict[str, Any] = {"config": asdict(cfg), "target": model_id, "params": n_params,
                            "data": {**data.meta, "sequences": len(data),
                                     "train_sequences": len(train_set), "dropped": dropped,
+                                    "weights": part_weights,
                                     "val_sequences": len(val_set),
                                     "val_sets": {k: len(v) for k, v in val_sets.items()},
                                     "response_tokens": data.response_tokens,
@@ -649,6 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "templated; unnamed ones keep their default), e.g. magpie=0.35")
     p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
                    help="datasets whose prompts the real-prompt mix does not ask again")
+    p.add_argument("--data-weights", type=_checked_weights, metavar="PATTERN=W,...",
+                   help="each data file's share of an epoch by its name (the first matching "
+                        "pattern; others 1): W=2 takes a file twice, W=0.4 a fresh random 40%% "
+                        "of it each epoch, e.g. 'gen-19-*=1,*=0.4'")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
     p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
@@ -694,6 +720,14 @@ def _share(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a share between 0 and 1, e.g. 0.5")
     return value
+
+
+def _checked_weights(text: str) -> str:
+    try:
+        parse_data_weights(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _checked_shares(text: str) -> str:
