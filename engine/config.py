@@ -285,22 +285,24 @@ def vocab_arg(text: str) -> int | str | None:
                         f"a token count of at least {MIN_DRAFT_VOCAB}")
 
 
-def lookup_arg(text: str) -> int | None:
-    """argparse type for --lookup: a match length of at least 2, or 'off'."""
+def _count_or_off(text: str, least: int, what: str) -> int | None:
+    """'off' -> None, else a whole number of at least `least` (`what` it counts)."""
     if text == "off":
         return None
-    if not text.isdigit() or int(text) < 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a token count of at least 2, or 'off'")
+    if not text.isdigit() or int(text) < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a {what} count of at least {least}, "
+                                         "or 'off'")
     return int(text)
+
+
+def lookup_arg(text: str) -> int | None:
+    """argparse type for --lookup: a match length of at least 2, or 'off'."""
+    return _count_or_off(text, 2, "token")
 
 
 def layers_arg(text: str) -> int | None:
     """argparse type for --stream-verify: a layer count of at least 1, or 'off'."""
-    if text == "off":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a layer count of at least 1, or 'off'")
-    return int(text)
+    return _count_or_off(text, 1, "layer")
 
 
 def json_object_arg(text: str) -> dict:

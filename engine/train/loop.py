@@ -666,12 +666,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-back-to-back", action="store_true",
                    help="queue data generation's decode steps back to back (the old loop: "
                         "each step then copies the KV cache, see generate.RunningBatch)")
-    p.add_argument("--gen-shares", type=_checked_shares, metavar="PHASE=SHARE,...",
+    p.add_argument("--gen-shares", type=_checked(_time_shares), metavar="PHASE=SHARE,...",
                    help="shares of --gen-seconds per phase (heldout, single, multiturn, magpie, "
                         "templated; unnamed ones keep their default), e.g. magpie=0.35")
     p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
                    help="datasets whose prompts the real-prompt mix does not ask again")
-    p.add_argument("--data-weights", type=_checked_weights, metavar="PATTERN=W,...",
+    p.add_argument("--data-weights", type=_checked(parse_data_weights), metavar="PATTERN=W,...",
                    help="each data file's share of an epoch by its name (the first matching "
                         "pattern; others 1): W=2 takes a file twice, W=0.4 a fresh random 40%% "
                         "of it each epoch, e.g. 'gen-19-*=1,*=0.4'")
@@ -722,22 +722,23 @@ def _share(text: str) -> float:
     return value
 
 
-def _checked_weights(text: str) -> str:
-    try:
-        parse_data_weights(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:
+    """An argparse type that keeps a flag's text once `parse` accepts it (its ValueError is
+    the message)."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
 
 
-def _checked_shares(text: str) -> str:
+def _time_shares(text: str) -> dict[str, float]:
     from .collect import parse_time_shares
 
-    try:
-        parse_time_shares(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return parse_time_shares(text)
 
 
 def train_draft_main(argv: Sequence[str] | None = None) -> int:
