@@ -73,6 +73,25 @@ def test_compiled_verifies_with_the_other_gpu_options_stay_greedy(tiny_pairs):
     assert out.tokens == want and out.cycles > 5
 
 
+def test_cut_verifies_mix_both_forwards_and_sampling_runs(tiny_pairs, monkeypatch):
+    """With the verify cut, full blocks run compiled and shorter ones layer by layer on the
+    same caches; the output is still the target's greedy. Sampled replies run through it."""
+    rt = load(tiny_pairs, "llama", compiled_verify=True, min_draft_confidence=0.05)
+    lengths = []
+    forward = type(rt.target).forward
+    monkeypatch.setattr(type(rt.target), "forward", lambda self, tokens, *a, **k: (
+        lengths.append(tokens.shape[1] if self._verifying else 0), forward(self, tokens, *a,
+                                                                           **k))[1])
+    ids = rt.encode("What is 12 times 7?")
+    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=120)]
+    out = rt.generate(ids, max_tokens=120, no_eos=True)
+    assert out.tokens == want
+    assert 16 in lengths and any(1 < n < 16 for n in lengths)  # both kinds of verify
+    assert rt.target._compiled[tuple(rt.draft.args.target_layer_ids)].traces == 1
+    sampled = rt.generate(ids, max_tokens=40, no_eos=True, temperature=0.8, seed=3)
+    assert len(sampled.tokens) == 40 and sampled.cycles > 1
+
+
 def test_the_compiled_verify_is_for_plain_attention_targets_only(tiny_pairs):
     rt = load(tiny_pairs, "qwen3_5", compiled_verify=True)  # GatedDeltaNet layers
     assert rt.describe()["compiled_verify"] is False
