@@ -76,7 +76,8 @@
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU (each timing
 #               PROFILE steps' phases, default 10, into its log's step_profile): a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
-#               train-draft flags, e.g. "--gamma 3.5") -> $OUT/a, $OUT/b; AB_GPU_B=0 puts
+#               train-draft flags, e.g. "--gamma 3.5", given last: "--data-weights *=1"
+#               undoes DATA_WEIGHTS for b) -> $OUT/a, $OUT/b; AB_GPU_B=0 puts
 #               b on GPU 0 and AB_VARIANTS=b runs b alone (one GPU: both at once run out of
 #               memory)
 # Results in $OUT: a meta tar (config, token ranking, training log) and the weights in two
@@ -199,7 +200,7 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
       gpu=${AB_GPU_B:-1}; read -ra taps <<< "${B_ARGS:---taps ${TAPS_B:-1,5,10,14,18,22,27,29}}"
     fi
     CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
-      python3 -m engine.train "${common[@]}" "${taps[@]}" "${train_args[@]}" $(data_args) \
+      python3 -m engine.train "${common[@]}" "${train_args[@]}" $(data_args) "${taps[@]}" \
       --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \
       --profile-steps ${PROFILE:-10} --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
   done
