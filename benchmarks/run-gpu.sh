@@ -24,10 +24,12 @@
 #                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
 #                each of VARIANTS (default "off prefetch stream compiled all": nothing,
 #                --prefetch-draft on, --stream-verify EVERY (default 6), --compiled-verify on,
-#                prefetch + compiled) the oracle rows at ORACLE_KS (default "8 4"; ORACLE=0
-#                skips them) and the suites in SUITES (default mt-bench), -<variant> in the file
-#                names. All five may not fit one 10-minute call: split VARIANTS over two
-#                calls on one machine (KERNELS=0 in the second)
+#                prefetch + compiled; also "tree": --branches TREE (default 4x2), "tree-all":
+#                the tree with prefetch + compiled) the oracle rows at ORACLE_KS (default "8 4";
+#                ORACLE=0 skips them; never for trees: the oracle proposes one row) and the
+#                suites in SUITES (default mt-bench), -<variant> in the file names. All may not
+#                fit one 10-minute call: split VARIANTS over calls on one machine (KERNELS=0
+#                after the first)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -106,9 +108,11 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
       stream) a="--stream-verify ${EVERY:-6}" ;;
       compiled) a="--compiled-verify on" ;;
       all) a="--prefetch-draft on --compiled-verify on" ;;
+      tree) a="--branches ${TREE:-4x2}" ;;
+      tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --compiled-verify on" ;;
       *) echo "unknown variant $v" >&2; continue ;;
     esac
-    if [[ ${ORACLE:-1} == 1 ]]; then
+    if [[ ${ORACLE:-1} == 1 && $v != tree* ]]; then  # the oracle proposes one row
       for k in ${ORACLE_KS:-8 4}; do
         ARGS="$a" bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos \
           --oracle-tokens-per-cycle $k --json "$OUT/smollm2-oracle$k-$v-h200.json"

@@ -16,6 +16,7 @@ MAX_BLOCK_SIZE = 16
 DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
+MAX_BRANCH_CHOICES = 8
 
 
 @dataclass
@@ -67,6 +68,13 @@ class DFlashConfig:
     # bit plain decoding in float32), so it is meant for GPUs at checkpoint precision; off
     # until a GPU run shows it pays.
     compiled_verify: bool = False
+    # Verify a tree of proposals instead of one (engine/cycle.py: branch_rows): the draft's
+    # own, and beside it its 2nd..K-th choice at each of its first M slots, one row each; the
+    # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
+    # Greedy, whole blocks, pure-attention targets. A verify then holds R rows of a block: a
+    # GPU at checkpoint precision runs them in about the time of one, a CPU in R times it.
+    # Off until a GPU run shows it pays. Lossless: the target verifies every row.
+    branches: tuple[int, int] | None = None
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -125,6 +133,14 @@ class DFlashConfig:
         if not isinstance(self.compiled_verify, bool):
             raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
                               "compiled forward per full-block verify) or False")
+        b = self.branches
+        if b is not None and (
+                not isinstance(b, tuple) or len(b) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in b)
+                or not (1 <= b[0] < MAX_BLOCK_SIZE and 2 <= b[1] <= MAX_BRANCH_CHOICES)):
+            raise ConfigError(f"branches={b!r}: use (slots, choices) with 1 <= slots < "
+                              f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, "
+                              "e.g. (4, 2), or None (one row)")
         sv = self.stream_verify
         if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
             raise ConfigError(f"stream_verify={sv!r}: use a layer count of at least 1 (queue "
@@ -176,6 +192,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="run each full-block verify of a llama/qwen2/qwen3 target as one "
                         "compiled forward (meant for GPUs at checkpoint precision: it rounds "
                         "differently from plain decoding; not yet measured there; default off)")
+    p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
+                   help="verify a tree of proposals: beside the draft's own, its 2nd..K-th "
+                        "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
+                        "rows; greedy, whole blocks, llama/qwen2/qwen3 targets; meant for "
+                        "GPUs, not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -256,6 +277,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         prefetch_draft=args.prefetch_draft == "on",
                         stream_verify=args.stream_verify,
                         compiled_verify=args.compiled_verify == "on",
+                        branches=args.branches,
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 
@@ -303,6 +325,19 @@ def lookup_arg(text: str) -> int | None:
 def layers_arg(text: str) -> int | None:
     """argparse type for --stream-verify: a layer count of at least 1, or 'off'."""
     return _count_or_off(text, 1, "layer")
+
+
+def branches_arg(text: str) -> tuple[int, int] | None:
+    """argparse type for --branches: MxK (slots x choices), or 'off'."""
+    if text == "off":
+        return None
+    slots, _, choices = text.partition("x")
+    if not (slots.isdigit() and choices.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: give slots x choices, e.g. 4x2, or 'off'")
+    try:
+        return DFlashConfig(branches=(int(slots), int(choices))).branches
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def json_object_arg(text: str) -> dict:

@@ -101,6 +101,37 @@ def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
     return proposal[:, :verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)]
 
 
+def branch_rows(staged: int, logits: mx.array, head: DraftHead, slots: int, choices: int
+                ) -> mx.array:
+    """Draft logits [1, size - 1, K] -> the rows of a proposal tree [R, size]: the draft's
+    own proposal first (`drafted_proposal`), then for each of the first `slots` slots and
+    each of the draft's 2nd..`choices`-th tokens there, that row with that token at that
+    slot. A cycle's run ends where the draft is first wrong, most often at an early slot,
+    and there its runner-up is often right (scripts/branch_study.py); the target verifies
+    every row in one forward and the cycle keeps the row that runs furthest."""
+    n = logits.shape[1]
+    ranked = head.token_ids(mx.argsort(-logits[0], axis=-1)[:, :choices]).astype(mx.int32)
+    main = mx.concatenate([mx.array([staged], dtype=mx.int32), ranked[:, 0]])
+    slot = mx.array([j for j in range(min(slots, n)) for _ in range(1, choices)])
+    rank = mx.array([r for _ in range(min(slots, n)) for r in range(1, choices)])
+    if slot.size == 0:
+        return main[None]
+    # row i changes column slot[i] + 1 (after the staged token) to its rank[i]-th token
+    changed = mx.arange(n + 1)[None] == (slot + 1)[:, None]
+    branches = mx.where(changed, ranked[slot, rank][:, None], main[None])
+    return mx.concatenate([main[None], branches])
+
+
+def accept_rows(rows: mx.array, logits: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """Greedy acceptance over a proposal tree's rows [R, size] and their verify logits
+    [R, size, V]: the row whose drafts run furthest (the first such: the draft's own on a
+    tie). -> (that row's index, its accepted count a, its target argmax [size])."""
+    choice = mx.argmax(logits, axis=-1).astype(rows.dtype)
+    runs = mx.sum(mx.cumprod((rows[:, 1:] == choice[:, :-1]).astype(mx.int32), axis=1), axis=1)
+    best = mx.argmax(runs)
+    return best, runs[best], choice[best]
+
+
 def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
     """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
     K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
@@ -304,6 +335,9 @@ class DraftProposer:
     # Queue the next cycle's draft forward before this cycle's sync (`prefetch`), where
     # `prefetch_applies`; greedy cycles only.
     prefetching: bool = False
+    # Greedy whole-block draft proposals as a tree (`branch_rows`): the draft's runner-ups
+    # at its first `branches[0]` slots, up to its `branches[1]`-th choice; None: one row.
+    branches: tuple[int, int] | None = None
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -312,6 +346,8 @@ class DraftProposer:
         if not self.cache:
             self.cache = self.draft.make_cache()
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
+        if self.min_confidence is not None or not self.target.verifies_rows:
+            self.branches = None  # a tree is verified whole, by a target that takes rows
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's context grows with them)."""
@@ -395,7 +431,11 @@ class DraftProposer:
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:
-        """The draft forward's proposal (`propose`), or the prefetched forward's."""
+        """The draft forward's proposal (`propose`), or the prefetched forward's; with
+        `branches`, the rows of its tree [R, size]."""
+        if self.branches is not None and size > 1:
+            return branch_rows(staged, self.draft_logits(staged, size), self.output_head,
+                               *self.branches)
         logits = self._take_prefetched(size)
         if logits is None:
             return propose(self.target, self.draft, self.cache, staged, size,
@@ -464,7 +504,13 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
 
         target.begin_verify(cache)
         logits, taps = target.forward(verify_in, cache, tap_ids)
-        if sampler is None:
+        if verify_in.shape[0] > 1:  # a proposal tree (greedy): the row that runs furthest
+            row, accepted, choice = accept_rows(verify_in, logits)
+            target.keep_row(cache, row)
+            kept_row = row.reshape(1)
+            verify_in, taps = mx.take(verify_in, kept_row, 0), mx.take(taps, kept_row, 0)
+            following = choice[accepted]
+        elif sampler is None:
             accepted, choice = accept(verify_in, logits)
             following = choice[accepted]  # the target's argmax after the kept drafts
         else:

@@ -65,6 +65,9 @@ class DFlashRuntime:
         self.prefetch_draft = (self.config.prefetch_draft and lockstep is None
                                and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
+        # Trees of proposals: greedy whole blocks on a target that verifies rows
+        self.branches = (self.config.branches if self.min_confidence is None
+                         and self.target.verifies_rows and lockstep is None else None)
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = (self.config.stream_verify or 0) if lockstep is None else 0
         self.target_id, self.draft_id = target_id, draft_id
@@ -175,6 +178,7 @@ class DFlashRuntime:
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
             "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
+            "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -246,7 +250,7 @@ class DFlashRuntime:
             lookup.extend(context)
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
-                             prefetching=self.prefetch_draft)
+                             prefetching=self.prefetch_draft, branches=self.branches)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

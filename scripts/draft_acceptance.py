@@ -9,8 +9,8 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
 
 Reports per suite and draft: tokens/cycle, non-loop tokens/cycle, the repeated-4-gram
 share (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup,
-the engine's default; `--lookup off`: the draft alone). The JSON records the command line
-that made it.
+the engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
+trees (the engine's option). The JSON records the command line that made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
 (1 + run averaged over a block anchored at every reply position: what training's validation
@@ -34,7 +34,7 @@ from engine.bench.metrics import (
     repeated_ngram_share,
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
-from engine.config import DFlashConfig, lookup_arg
+from engine.config import DFlashConfig, branches_arg, lookup_arg
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
@@ -63,14 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup", type=lookup_arg, default=MIN_MATCH, metavar="N|off",
                    help=f"the suffix lookup's minimum match (default {MIN_MATCH}, as the "
                         "engine); 'off': the draft proposes every cycle")
+    p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
+                   help="verify proposal trees, as the engine's --branches (default off)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
-                          lookup_min_match=args.lookup)
+                          lookup_min_match=args.lookup, branches=args.branches)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
-              "lookup_min_match": args.lookup, "machine": machine_info(),
+              "lookup_min_match": args.lookup,
+              "branches": list(args.branches) if args.branches else None,
+              "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
         draft = load_draft_folder(Path(folder))

@@ -45,6 +45,35 @@ def second_half(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
     return mx.compile(half, shapeless=True)
 
 
+class RowsView:
+    """A KV cache as a verify of R rows sees it: every row attends to the cache's tokens and
+    to its own; the rows' new keys and values wait here until one row is kept
+    (`AttentionAdapter.keep_row`)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.offset = cache.offset
+        self.keys = self.values = None
+
+    def make_mask(self, *args: Any, **kwargs: Any) -> Any:
+        return self.cache.make_mask(*args, **kwargs)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys, self.values = keys, values
+        if self.cache.keys is None or not self.offset:
+            return keys, values
+        old_k, old_v = self.cache.keys_and_values()
+        rows = keys.shape[0]
+        return (mx.concatenate([mx.broadcast_to(old_k, (rows, *old_k.shape[1:])), keys], axis=2),
+                mx.concatenate([mx.broadcast_to(old_v, (rows, *old_v.shape[1:])), values],
+                               axis=2))
+
+    def row(self, index: mx.array) -> tuple[mx.array, mx.array]:
+        """Row `index`'s new keys and values [1, H, T, D]."""
+        return (mx.take(self.keys, index.reshape(1), axis=0),
+                mx.take(self.values, index.reshape(1), axis=0))
+
+
 class AttentionAdapter(TargetAdapter):
     family = "attention"
     model_types = ("llama", "qwen2", "qwen3", "mistral")
@@ -57,6 +86,7 @@ class AttentionAdapter(TargetAdapter):
         # one compiled forward per tap list
         self._compiled_length = 0
         self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
+        self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
@@ -67,6 +97,18 @@ class AttentionAdapter(TargetAdapter):
         on = on and all(type(layer) in SPLIT_LAYERS for layer in self.layers)
         self._halves = [second_half(layer) for layer in self.layers] if on else None
         return on
+
+    @property
+    def verifies_rows(self) -> bool:
+        """Whether a verify may hold several rows (not sharded)."""
+        return self.lockstep is None
+
+    def keep_row(self, cache: list[Any], row: mx.array) -> None:
+        """After a verify of several rows: write row `row`'s (a scalar on the device) keys
+        and values into the caches, as a one-row verify of it would have."""
+        for c, view in zip(cache, self._rows):
+            c.update_and_fetch(*view.row(row))
+        self._rows = []
 
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward each (compiled_verify.py;
@@ -80,6 +122,9 @@ class AttentionAdapter(TargetAdapter):
 
     def forward(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
                 last_only: bool = False) -> tuple[mx.array, mx.array]:
+        if tokens.shape[0] > 1 and self._verifying:  # rows of one proposal tree
+            self._rows = [RowsView(c) for c in cache]
+            return super().forward(tokens, self._rows, tap_ids, last_only)
         compiled = (self._verifying and tokens.shape[1] == self._compiled_length
                     and not last_only and cache[0].keys is not None)
         if not compiled:

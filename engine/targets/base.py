@@ -160,6 +160,18 @@ class TargetAdapter:
         """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
 
+    @property
+    def verifies_rows(self) -> bool:
+        """Whether a verify may hold several rows of one proposal tree, each a whole block
+        after the cache's tokens (`forward` on [R, T] tokens, then `keep_row`). Families
+        whose caches cannot (recurrent states) say no."""
+        return False
+
+    def keep_row(self, cache: list[Any], row: mx.array) -> None:
+        """After a verify of several rows: keep row `row` (a scalar on the device) in the
+        caches, as a one-row verify of it would have."""
+        raise NotImplementedError
+
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward (0: off); -> whether this
         family can (default: no)."""
