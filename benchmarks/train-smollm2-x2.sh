@@ -42,10 +42,13 @@
 #            tar of config.json, model.safetensors, token_ranking.json, train-log.json) staged;
 #            SEED=18 PART=gen GEN_GPUS=0 GEN_S=400, then PART=ab AB_VARIANTS=a AB_S=420 LR=6e-5
 #            INIT=/root/stash/files/draft16.tar (not shipped: held-out up, every suite down)
+#   stage 18 session: no device lent; the CPU answered 336 prompts of slice 1/2 (seed 195,
+#            ~/.cache/dflash-chat/train-data/stage18-cpu/gen-19-cpu.npz)
 #   next: slice 0 is answered out (scripts/prompt_coverage.py): stage the same files plus
-#            gen-18-0.npz (~/.cache/dflash-chat/train-data/stage17/), then SEED=19 PART=gen
-#            GEN_GPUS=1 GEN_DEVICE=0 (slice 1/2 on GPU 0) and INIT=/root/stash/files/draft16.tar
-#            for the training parts
+#            gen-18-0.npz (~/.cache/dflash-chat/train-data/stage17/) and gen-19-cpu.npz, then
+#            SEED=19 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1/2 on GPU 0), then PART=ab
+#            AB_VARIANTS=a INIT=/root/stash/files/draft16.tar DATA_WEIGHTS="*/gen-19-*=1,*=0.4"
+#            (on two GPUs AB_VARIANTS="a b" B_ARGS="--data-weights *=1": the same without)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -65,7 +68,8 @@
 #               benchmarks/stage5) on GPU g meanwhile -> /root/draft, which PART=more then
 #               continues on both GPUs with the new answers too
 # DATA_WEIGHTS (any training part) sets each data file's share of an epoch (--data-weights,
-# e.g. "gen-19-*=1,*=0.4": this session's answers whole, a 40% replay of the rest).
+# e.g. "*/gen-19-*=1,*=0.4": this session's answers, /root/gen-19-1/data.npz and the staged
+# gen-19-cpu.npz, whole; a 40% replay of the rest).
 #   PART=train  one draft from INIT (default: the shipped one), data-parallel over both
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
 #               PAUSE=S ends the call after S seconds, then PART=resume continues the same

@@ -435,6 +435,7 @@ def test_data_weights_set_each_files_share_of_an_epoch():
     assert [data_weight(n, rules) for n in ("gen-19-0.npz", "gen-16-cpu.npz", "data.npz")] \
         == [2.0, 0.0, 0.25]
     assert data_weight("x.npz", parse_data_weights("gen-*=3")) == 1.0  # unmatched: whole
+    assert data_weight("/root/gen-19-1/data.npz", parse_data_weights("*/gen-19-1/*=2")) == 2.0
     for bad in ("", "gen=x", "=2", "gen=-1", "gen"):
         with pytest.raises(ValueError, match="weight|rule"):
             parse_data_weights(bad)

@@ -108,8 +108,8 @@ def length_grouped_order(lengths: Sequence[int], batch: int, rng: np.random.Gene
 
 
 def parse_data_weights(text: str) -> list[tuple[str, float]]:
-    """'gen-19-*.npz=1,*=0.4' -> [(file-name pattern, weight), ...], in order (the first
-    pattern a file's name matches gives its weight; unmatched files weigh 1)."""
+    """'gen-19-*.npz=1,*=0.4' -> [(file pattern, weight), ...], in order (the first pattern
+    a file's name or path matches gives its weight; unmatched files weigh 1)."""
     rules = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         pattern, _, value = item.rpartition("=")
@@ -126,9 +126,12 @@ def parse_data_weights(text: str) -> list[tuple[str, float]]:
     return rules
 
 
-def data_weight(name: str, rules: Sequence[tuple[str, float]]) -> float:
-    """A data file's weight: the first rule whose pattern its name matches (fnmatch), else 1."""
-    return next((w for pattern, w in rules if fnmatch.fnmatch(name, pattern)), 1.0)
+def data_weight(path: str, rules: Sequence[tuple[str, float]]) -> float:
+    """A data file's weight: the first rule whose pattern (fnmatch) its name or its whole path
+    matches, else 1."""
+    name = Path(path).name
+    return next((w for pattern, w in rules
+                 if fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(path, pattern)), 1.0)
 
 
 def weighted_indices(sizes: Sequence[int], weights: Sequence[float],

@@ -406,7 +406,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         say(f"data: dropped {dropped['duplicate_prompts']} repeated and "
             f"{dropped['held_out_prompts']} held-out prompts")
     train_set = Dataset.concat(train_parts)
-    part_weights = {name: data_weight(name, weight_rules) for name in names}
+    part_weights = {name: data_weight(str(path), weight_rules)
+                    for name, path in zip(names, paths)}
     if weight_rules:
         share = sum(len(p) * w for p, w in zip(train_parts, part_weights.values()))
         if round(share) < 1:
@@ -672,9 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-answered", nargs="+", default=[], metavar="NPZ",
                    help="datasets whose prompts the real-prompt mix does not ask again")
     p.add_argument("--data-weights", type=_checked(parse_data_weights), metavar="PATTERN=W,...",
-                   help="each data file's share of an epoch by its name (the first matching "
-                        "pattern; others 1): W=2 takes a file twice, W=0.4 a fresh random 40%% "
-                        "of it each epoch, e.g. 'gen-19-*=1,*=0.4'")
+                   help="each data file's share of an epoch by its name or path (the first "
+                        "matching pattern; others 1): W=2 takes a file twice, W=0.4 a fresh "
+                        "random 40%% of it each epoch, e.g. 'gen-19-*=1,*=0.4'")
     p.add_argument("--resume", action="store_true", help="continue from OUT/resume")
     p.add_argument("--init", help="start from an existing draft folder (fine-tune it)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
