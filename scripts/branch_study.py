@@ -28,12 +28,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from choice_study import reply_blocks  # scripts/ is on the path when run
+from choice_study import reply_blocks, whole_block_runtime  # scripts/ is on the path when run
 
 from engine.bench.suites import SUITES, load_prompts
-from engine.config import DFlashConfig
-from engine.loading import load_draft_folder
-from engine.runtime import DFlashRuntime
 from engine.train.dataset import Dataset
 from engine.train.objective import walk_cycles
 
@@ -117,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--json", help="write the study here")
     args = p.parse_args(argv)
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
-    base = DFlashRuntime.from_pretrained(config=config)
-    draft = load_draft_folder(Path(args.draft))
-    rt = DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
+    draft, rt = whole_block_runtime(args.draft)
     sets: dict[str, list[list[dict]]] = {}
     for suite in sorted(SUITES):
         prompts, _ = load_prompts(suite=suite, limit=args.limit, pick="spread")
@@ -128,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         for prompt in prompts:
             ids = rt.encode([{"role": "user", "content": prompt.text}])
             reply = rt.generate(ids, max_tokens=args.max_tokens).tokens
-            sets[suite].append(anchor_rows(draft, base.target, ids + reply, len(ids)))
+            sets[suite].append(anchor_rows(draft, rt.target, ids + reply, len(ids)))
     if args.heldout:
         data = Dataset.load(Path(args.heldout))
         sets["heldout"] = [
-            anchor_rows(draft, base.target, [int(t) for t in data.sequences[i]],
+            anchor_rows(draft, rt.target, [int(t) for t in data.sequences[i]],
                         int(data.prompt_lens[i]))
             for i in range(min(args.heldout_limit, len(data)))]
     result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,

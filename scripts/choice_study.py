@@ -64,6 +64,15 @@ def reply_blocks(draft, target, seq: list[int], prompt_len: int):
         yield anchors[0], logits[0], block_runs(logits, batch)[0]
 
 
+def whole_block_runtime(folder: str) -> tuple:
+    """The default target with the draft in `folder`, verifying whole blocks over the full
+    vocabulary (every study's setting) -> (the draft, the runtime)."""
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
+    base = DFlashRuntime.from_pretrained(config=config)
+    draft = load_draft_folder(Path(folder))
+    return draft, DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
+
+
 def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
     """Per reply anchor: draft run `d`, repeat run `r` (None: no match), match length `m`,
     the draft's probabilities of its top tokens `top` and of the repeat's tokens `rep`."""
@@ -139,22 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--json", help="write the study here")
     args = p.parse_args(argv)
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None)
-    base = DFlashRuntime.from_pretrained(config=config)
-    draft = load_draft_folder(Path(args.draft))
-    rt = DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
+    draft, rt = whole_block_runtime(args.draft)
     sets: dict[str, list[list[dict]]] = {"heldout": []}
     data = Dataset.load(Path(args.heldout))
     for i in range(min(args.heldout_limit, len(data))):
         seq = [int(t) for t in data.sequences[i]]
-        sets["heldout"].append(anchor_rows(draft, base.target, seq, int(data.prompt_lens[i])))
+        sets["heldout"].append(anchor_rows(draft, rt.target, seq, int(data.prompt_lens[i])))
     for suite in sorted(SUITES):
         prompts, _ = load_prompts(suite=suite, limit=args.limit)
         sets[suite] = []
         for prompt in prompts:
             ids = rt.encode([{"role": "user", "content": prompt.text}])
             reply = rt.generate(ids, max_tokens=args.max_tokens).tokens
-            sets[suite].append(anchor_rows(draft, base.target, ids + reply, len(ids)))
+            sets[suite].append(anchor_rows(draft, rt.target, ids + reply, len(ids)))
     result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
               "min_match": MIN_MATCH, "short_match": SuffixLookup().short_match,
               "replies": {k: len(v) for k, v in sets.items()}, "sets": {}}
