@@ -71,7 +71,8 @@ class DFlashConfig:
     # Verify a tree of proposals instead of one (engine/cycle.py: branch_rows): the draft's
     # own, and beside it its 2nd..K-th choice at each of its first M slots, one row each; the
     # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
-    # Greedy, whole blocks, pure-attention targets. A verify then holds R rows of a block: a
+    # Greedy, pure-attention targets, whole blocks (with it, "auto" means no cut; an explicit
+    # cut is refused). A verify then holds R rows of a block: a
     # GPU at checkpoint precision runs them in about the time of one, a CPU in R times it.
     # Off until a GPU run shows it pays. Lossless: the target verifies every row.
     branches: tuple[int, int] | None = None
@@ -141,6 +142,10 @@ class DFlashConfig:
             raise ConfigError(f"branches={b!r}: use (slots, choices) with 1 <= slots < "
                               f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, "
                               "e.g. (4, 2), or None (one row)")
+        if b is not None and self.min_draft_confidence not in ("auto", None):
+            raise ConfigError(f"branches={b!r} with min_draft_confidence="
+                              f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
+                              "leave the cut at 'auto' (trees then verify whole blocks) or None")
         sv = self.stream_verify
         if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
             raise ConfigError(f"stream_verify={sv!r}: use a layer count of at least 1 (queue "
@@ -153,7 +158,10 @@ class DFlashConfig:
             raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
 
     def min_confidence(self, backend: str = "cpu") -> float | None:
-        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
+        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved (whole
+        blocks where trees are asked for: they are verified whole)."""
+        if self.min_draft_confidence == "auto" and self.branches is not None:
+            return None
         if self.min_draft_confidence == "auto":
             return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
         return self.min_draft_confidence  # type: ignore[return-value]
@@ -195,8 +203,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify a tree of proposals: beside the draft's own, its 2nd..K-th "
                         "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
-                        "rows; greedy, whole blocks, llama/qwen2/qwen3 targets; meant for "
-                        "GPUs, not yet measured there; default off)")
+                        "rows; greedy, llama/qwen2/qwen3 targets; verified whole, so the "
+                        "'auto' cut is off with it; meant for GPUs, not yet measured there; "
+                        "default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "

@@ -119,8 +119,10 @@ def test_draft_trees_stay_greedy(tiny_pairs, family):
 
 def test_trees_need_greedy_whole_blocks_and_an_attention_target(tiny_pairs):
     assert load(tiny_pairs, "qwen3_5", branches=(4, 2)).describe()["branches"] is None
-    assert load(tiny_pairs, "llama", branches=(4, 2),
-                min_draft_confidence=0.4).describe()["branches"] is None
+    auto = load(tiny_pairs, "llama", branches=(4, 2), min_draft_confidence="auto")
+    assert auto.describe()["branches"] == [4, 2] and auto.min_confidence is None  # whole
+    with pytest.raises(ConfigError, match="a tree is verified whole"):
+        DFlashConfig(branches=(4, 2), min_draft_confidence=0.4)
     sampled = load(tiny_pairs, "llama", branches=(4, 2))
     out = sampled.generate("Hello", max_tokens=24, no_eos=True, temperature=0.8, seed=1)
     assert len(out.tokens) == 24  # sampled cycles propose one row
