@@ -160,10 +160,9 @@ class DFlashConfig:
     def min_confidence(self, backend: str = "cpu") -> float | None:
         """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved (whole
         blocks where trees are asked for: they are verified whole)."""
-        if self.min_draft_confidence == "auto" and self.branches is not None:
-            return None
         if self.min_draft_confidence == "auto":
-            return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
+            cut = backend == "cpu" and self.branches is None
+            return DEFAULT_MIN_CONFIDENCE if cut else None
         return self.min_draft_confidence  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:

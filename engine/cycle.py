@@ -127,9 +127,14 @@ def accept_rows(rows: mx.array, logits: mx.array) -> tuple[mx.array, mx.array, m
     [R, size, V]: the row whose drafts run furthest (the first such: the draft's own on a
     tie). -> (that row's index, its accepted count a, its target argmax [size])."""
     choice = mx.argmax(logits, axis=-1).astype(rows.dtype)
-    runs = mx.sum(mx.cumprod((rows[:, 1:] == choice[:, :-1]).astype(mx.int32), axis=1), axis=1)
+    runs = agreeing_run(rows[:, 1:], choice[:, :-1])
     best = mx.argmax(runs)
     return best, runs[best], choice[best]
+
+
+def agreeing_run(drafts: mx.array, choice: mx.array) -> mx.array:
+    """How many leading drafts [..., n] equal the target's choices [..., n] (per row)."""
+    return mx.sum(mx.cumprod((drafts == choice).astype(mx.int32), axis=-1), axis=-1)
 
 
 def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
@@ -275,8 +280,7 @@ def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.a
     """Greedy acceptance: the longest prefix of drafts that equal the target's argmax.
     -> (accepted count a, target argmax [size]); the bonus token is argmax[a]."""
     choice = mx.argmax(verify_logits[0], axis=-1).astype(verify_in.dtype)
-    match = (verify_in[0, 1:] == choice[:-1]).astype(mx.int32)
-    return mx.sum(mx.cumprod(match)), choice
+    return agreeing_run(verify_in[0, 1:], choice[:-1]), choice
 
 
 def commit_row(verify_in: mx.array, accepted: mx.array, following: mx.array) -> mx.array:
@@ -301,6 +305,12 @@ def read_commit(values: mx.array) -> tuple[int, list[int], bool]:
     row = values.tolist()
     a = row[1]
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
+
+
+def branches_apply(target: TargetAdapter, min_confidence: float | None) -> bool:
+    """Whether greedy cycles can verify proposal trees (`branch_rows`): whole blocks only (a
+    tree is verified whole) on a target whose verify takes several rows."""
+    return min_confidence is None and target.verifies_rows
 
 
 def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
@@ -346,8 +356,8 @@ class DraftProposer:
         if not self.cache:
             self.cache = self.draft.make_cache()
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
-        if self.min_confidence is not None or not self.target.verifies_rows:
-            self.branches = None  # a tree is verified whole, by a target that takes rows
+        if not branches_apply(self.target, self.min_confidence):
+            self.branches = None
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's context grows with them)."""

@@ -14,6 +14,7 @@ from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import (
     Commit,
     DraftProposer,
+    branches_apply,
     plain_decode,
     prefetch_applies,
     prefill,
@@ -66,8 +67,8 @@ class DFlashRuntime:
                                and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
         # Trees of proposals: greedy whole blocks on a target that verifies rows
-        self.branches = (self.config.branches if self.min_confidence is None
-                         and self.target.verifies_rows and lockstep is None else None)
+        self.branches = (self.config.branches if branches_apply(self.target, self.min_confidence)
+                         else None)
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = (self.config.stream_verify or 0) if lockstep is None else 0
         self.target_id, self.draft_id = target_id, draft_id
