@@ -24,7 +24,13 @@ from engine.train.dataset import (
     weighted_indices,
     write_token_ranking,
 )
-from engine.train.loop import TrainConfig, build_parser, train, train_draft_main
+from engine.train.loop import (
+    TrainConfig,
+    build_parser,
+    steps_that_fit,
+    train,
+    train_draft_main,
+)
 from engine.train.objective import (
     Batch,
     anchor_runs,
@@ -408,6 +414,30 @@ def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
     a = mx.load(str(tmp_path / "whole" / "resume" / "draft-fp32.safetensors"))
     b = mx.load(str(tmp_path / "parts" / "resume" / "draft-fp32.safetensors"))
     assert all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+def test_the_schedule_fits_the_time_left_at_the_pace_so_far():
+    assert steps_that_fit(100, 0.2, 100.0, 100_000) == 600
+    assert steps_that_fit(100, 0.2, 100.0, 400) == 400  # never past --steps
+    assert steps_that_fit(100, 0.2, -5.0, 400) == 101  # out of time: one more step ends it
+    # a pace that slows shortens the schedule again, so the decay still ends on time
+    assert steps_that_fit(600, 0.3, 60.0, 100_000) < steps_that_fit(600, 0.2, 60.0, 100_000)
+
+
+def test_train_seconds_set_the_schedules_length(pair, tmp_path):
+    """--train-seconds: the cosine schedule is sized from the pace of steps 5..20 and sized
+    again every REPLAN_EVERY steps, and the run ends at the schedule's end, not at --steps."""
+    target_dir, *_ = pair
+    said: list[str] = []
+    data = tmp_path / "data.npz"
+    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--depth", "1",
+            "--taps", "1", "--steps", "100000", "--batch", "2", "--anchors", "2",
+            "--data", str(data), "--val-size", "2", "--val-every", "1000", "--no-progress",
+            "--train-seconds", "4"]
+    log = train(TrainConfig(**vars(build_parser().parse_args(argv))), say=said.append)
+    assert any("schedule set to" in m for m in said)
+    assert 20 < log["total_steps"] < 100_000 and log["steps"] <= log["total_steps"]
 
 
 def test_extra_data_keeps_its_own_validation_split(pair, tmp_path):

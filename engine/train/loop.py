@@ -59,6 +59,8 @@ from .objective import (
 )
 
 GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
+# With --train-seconds the schedule's length is set again every this many steps (the pace)
+REPLAN_EVERY = 100
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -223,6 +225,13 @@ def load_state(optimizer: optim.Optimizer, draft: DFlashDraft, state_dir: Path) 
     optimizer.state = tree_unflatten(list(mx.load(str(state_dir / "optimizer.safetensors"))
                                           .items()))
     return json.loads((state_dir / "step.json").read_text())
+
+
+def steps_that_fit(step: int, per_step: float, seconds_left: float, cap: int) -> int:
+    """The schedule's length in steps when `seconds_left` remain after `step` at `per_step`
+    seconds a step: at least one more step, at most `cap`. Set again as the pace changes, so
+    that the cosine decay ends when the time does."""
+    return max(step + 1, min(cap, step + int(max(0.0, seconds_left) / per_step)))
 
 
 def lr_at(step: int, total: int, peak: float, warmup_frac: float = 0.04) -> float:
@@ -535,15 +544,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 t5 = time.perf_counter()
             pausing = cfg.pause_after is not None and agree(
                 time.perf_counter() - train_start > cfg.pause_after) > 0
-            if cfg.train_seconds and step - first_step == 20 and first_step == 0:
-                # time steps 5..20 (the first ones include kernel compilation)
-                per_step = (time.perf_counter() - t5) / 15
-                left = cfg.train_seconds - (time.perf_counter() - train_start)
-                fits = step + int(agree(left / per_step))
-                if fits < total:
-                    total = max(step + 1, fits)
+            ran = step - first_step
+            if cfg.train_seconds and (ran == 20 or (ran > 20 and step % REPLAN_EVERY == 0)):
+                # the pace since step 5 (the first steps include kernel compilation), validation
+                # included: later batches are often longer than the first ones
+                per_step = agree((time.perf_counter() - t5) / (ran - 5))
+                left = agree(cfg.train_seconds - (time.perf_counter() - log_start))
+                fits = steps_that_fit(step, per_step, left, cfg.steps)
+                if fits != total:
+                    total = fits
                     bar.update(task, total=total)
-                    say(f"{per_step * 1e3:.0f} ms/step: schedule shortened to {total} steps")
+                    say(f"{per_step * 1e3:.0f} ms/step: schedule set to {total} steps")
             bar.update(task, advance=1, description=f"training loss {np.mean(losses[-20:]):.3f}")
             if step % 10 == 0 or step == total or pausing:
                 log["history"].append({"step": step, "loss": float(np.mean(losses[-10:])),
@@ -683,7 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-size", type=int, default=d.val_size, help="held-out sequences")
     p.add_argument("--gen-batch", type=int, default=d.gen_batch)
     p.add_argument("--gen-seconds", type=float, help="time limit for data generation")
-    p.add_argument("--train-seconds", type=float, help="fit the schedule into this time")
+    p.add_argument("--train-seconds", type=float,
+                   help="fit the schedule into this time (sized again every 100 steps)")
     p.add_argument("--pause-after", type=float, metavar="SECONDS",
                    help="end this run after this long, saving its state: --resume continues "
                         "the same schedule (one schedule over several shorter runs)")
