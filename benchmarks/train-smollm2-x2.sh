@@ -44,11 +44,13 @@
 #            INIT=/root/stash/files/draft16.tar (not shipped: held-out up, every suite down)
 #   stage 18 session: no device lent; the CPU answered 336 prompts of slice 1/2 (seed 195,
 #            ~/.cache/dflash-chat/train-data/stage18-cpu/gen-19-cpu.npz)
-#   next: slice 0 is answered out (scripts/prompt_coverage.py): stage the same files plus
-#            gen-18-0.npz (~/.cache/dflash-chat/train-data/stage17/) and gen-19-cpu.npz, then
-#            SEED=19 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1/2 on GPU 0), then PART=ab
-#            AB_VARIANTS=a INIT=/root/stash/files/draft16.tar DATA_WEIGHTS="*/gen-19-*=1,*=0.4"
-#            (on two GPUs AB_VARIANTS="a b" B_ARGS="--data-weights *=1": the same without)
+#   stage 19 (one H200): the same files plus gen-18-0.npz and gen-19-cpu.npz staged (no tar:
+#            INIT is the shipped stage 16); SEED=19 PART=gen GEN_GPUS=1 GEN_DEVICE=0 GEN_S=360
+#            (slice 1/2: gen-19-1.npz, ~/.cache/dflash-chat/train-data/stage19/), then PART=ab
+#            AB_VARIANTS=a AB_S=360 LR=6e-5 DATA_WEIGHTS="*/gen-19-*=1,*=0.4" (not shipped:
+#            held-out up, the suites level)
+#   next: stage gen-19-1.npz too; SEED=20 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1 again, a new
+#            seed), then PART=ab with the schedule now sized to the time (steps_that_fit)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
