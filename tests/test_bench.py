@@ -18,13 +18,13 @@ from engine.bench.metrics import (
 from engine.bench.suites import PACKAGED_SUITES, SUITES, BenchError, BenchPrompt, load_prompts
 
 RUN_KEYS = {"prompt_id", "prompt_tokens", "baseline", "dflash", "speedup", "token_match",
-            "repeat4_share"}
+            "repeat4_share", "cycle_cost_steps"}
 SIDE_KEYS = {"tokens_per_second", "decode_tokens_per_second", "prefill_s", "peak_memory_bytes",
              "generated_tokens"}
 DFLASH_KEYS = {"acceptance_rate", "tokens_per_cycle", "tokens_per_cycle_nonloop", "loop_start",
                "cycle_profile", "cycle_profile_per_cycle"}
 SUMMARY_KEYS = {"speedup_median", "tokens_per_cycle_mean", "token_match", "repeat4_share_mean",
-                "tokens_per_cycle_nonloop_mean"}
+                "tokens_per_cycle_nonloop_mean", "cycle_cost_steps_median"}
 TOP_KEYS = {"command", "timestamp", "machine", "backend", "dtype", "versions", "blas", "model",
             "settings", "baseline_function", "prompt_format", "definitions", "runs", "summary"}
 
@@ -60,6 +60,16 @@ def test_benchmark_cli_writes_json_with_matching_tokens(tiny_pairs, prompt_file,
         assert run["dflash"].keys() >= SIDE_KEYS | DFLASH_KEYS
         assert run["baseline"]["generated_tokens"] == run["dflash"]["generated_tokens"] == 12
         assert set(run["dflash"]["cycle_profile"]) == {"draft", "verify", "rollback"}
+
+
+def test_cycle_cost_is_the_cost_side_of_the_decode_speed_up():
+    base = {"decode_tokens_per_second": 200.0}
+    flash = {"tokens_per_cycle": 7.5, "decode_tokens_per_second": 600.0}
+    cost = bench.cycle_cost_steps(base, flash)
+    assert cost == pytest.approx(2.5)  # 7.5 tokens a cycle at 3x: a cycle costs 2.5 steps
+    assert flash["tokens_per_cycle"] / cost == pytest.approx(600.0 / 200.0)
+    assert bench.cycle_cost_steps(base, {**flash, "tokens_per_cycle": None}) is None
+    assert bench.cycle_cost_steps({"decode_tokens_per_second": 0.0}, flash) is None
 
 
 def test_run_benchmark_python_api_with_eos_and_repeats(tiny_pairs):
