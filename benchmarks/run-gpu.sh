@@ -22,8 +22,9 @@
 #                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
 #   PART=overlap issue 13's host-cost A/B: a first short run builds the kernels (a fresh machine
 #                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
-#                each of VARIANTS (default "off prefetch stream prefetch-stream": nothing,
-#                --prefetch-draft on, --stream-verify EVERY (default 6), both; also "compiled":
+#                each of VARIANTS (default "off pipeline prefetch-stream": nothing, --pipeline
+#                on, --prefetch-draft on with --stream-verify EVERY (default 6); also
+#                "prefetch", "stream": each alone, "compiled":
 #                --compiled-verify on, "all": prefetch + compiled, "tree": --branches TREE
 #                (default 4x2), "tree-all": the tree with prefetch + compiled; the stage-19
 #                session measured compiled, tree and tree-all: none paid, benchmarks/stage19/)
@@ -103,13 +104,14 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
   if [[ ${KERNELS:-1} == 1 ]]; then
     BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64 --compiled-verify on  # kernels
   fi
-  for v in ${VARIANTS:-off prefetch stream prefetch-stream}; do
+  for v in ${VARIANTS:-off pipeline prefetch-stream}; do
     case $v in
       off) a="" ;;
       prefetch) a="--prefetch-draft on" ;;
       stream) a="--stream-verify ${EVERY:-6}" ;;
       compiled) a="--compiled-verify on" ;;
       prefetch-stream) a="--prefetch-draft on --stream-verify ${EVERY:-6}" ;;
+      pipeline) a="--pipeline on" ;;
       all) a="--prefetch-draft on --compiled-verify on" ;;
       tree) a="--branches ${TREE:-4x2}" ;;
       tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --compiled-verify on" ;;

@@ -76,6 +76,13 @@ class DFlashConfig:
     # GPU at checkpoint precision runs them in about the time of one, a CPU in R times it.
     # Off until a GPU run shows it pays. Lossless: the target verifies every row.
     branches: tuple[int, int] | None = None
+    # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
+    # queued before this one's commit is read, so that the host's graph building overlaps the
+    # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
+    # until they are compacted. Pure-attention targets; no suffix lookup with it. Rounds
+    # differently from plain decoding (lossless under the near-tie rule, not bit for bit in
+    # float32): meant for GPUs at checkpoint precision; off until a GPU run shows it pays.
+    pipeline: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -131,6 +138,9 @@ class DFlashConfig:
         if not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync) or False")
+        if not isinstance(self.pipeline, bool):
+            raise ConfigError(f"pipeline={self.pipeline!r}: use True (queue each cycle before "
+                              "the last one's commit is read) or False")
         if not isinstance(self.compiled_verify, bool):
             raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
                               "compiled forward per full-block verify) or False")
@@ -205,6 +215,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "rows; greedy, llama/qwen2/qwen3 targets; verified whole, so the "
                         "'auto' cut is off with it; meant for GPUs, not yet measured there; "
                         "default off)")
+    p.add_argument("--pipeline", choices=["on", "off"], default="off",
+                   help="queue each greedy cycle before the last one's commit is read "
+                        "(whole blocks, llama/qwen2/qwen3 targets, no suffix lookup; meant for "
+                        "GPUs at checkpoint precision, not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -285,7 +299,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         prefetch_draft=args.prefetch_draft == "on",
                         stream_verify=args.stream_verify,
                         compiled_verify=args.compiled_verify == "on",
-                        branches=args.branches,
+                        branches=args.branches, pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         chat_template_args=args.chat_template_args, **more)
 

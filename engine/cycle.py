@@ -453,6 +453,19 @@ class DraftProposer:
         return drafted_proposal(staged, logits, self.output_head, self.min_confidence,
                                 self.verify_lengths)
 
+    def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
+                       size: int) -> mx.array:
+        """A pipelined cycle's proposal (engine/pipeline.py), all on the device: the draft's
+        top tokens on [staged, mask x (size - 1)] at `position` (a scalar), seeing the
+        context entries that `visible` holds. -> verify input [1, size]."""
+        block = mx.concatenate([staged.reshape(1, 1).astype(mx.int32),
+                                mx.full((1, size - 1), self.draft.args.mask_token_id, mx.int32)],
+                               axis=1)
+        hidden = self.draft.forward_at(self.target.embed(block), self.cache, position, visible)
+        logits = draft_head_logits(self.output_head, hidden)
+        drafted = self.output_head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
+        return mx.concatenate([block[:, :1], drafted], axis=1)
+
     def _take_prefetched(self, size: int) -> mx.array | None:
         """The prefetched draft logits for a block of `size` (None when there are none)."""
         logits, self._prefetched = self._prefetched, None

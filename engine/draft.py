@@ -241,10 +241,13 @@ class DFlashDraft(nn.Module):
         """Concatenated tapped target features [B, T, n_taps*H] -> context [B, T, H]."""
         return self.hidden_norm(self.fc(taps))
 
-    def append_context(self, taps: mx.array, cache: list[KVCache]) -> None:
-        """Project newly committed tokens' features once and cache their K/V per layer."""
+    def append_context(self, taps: mx.array, cache: list[KVCache],
+                       position: mx.array | None = None) -> None:
+        """Project newly committed tokens' features once and cache their K/V per layer, at
+        positions from `position` (a device scalar: pipelined cycles, whose caches also hold
+        rejected positions) or from the cache's length."""
         ctx = self.project_context(taps)
-        offset = cache[0].offset
+        offset = cache[0].offset if position is None else position
         for layer, c in zip(self.layers, cache):
             c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset))
 
@@ -268,8 +271,15 @@ class DFlashDraft(nn.Module):
             assert kept is not None and self.can_prefetch
             start = start - unsettled + kept
             mask = mx.arange(cache[0].offset) < start
+        return self.forward_at(block_embeddings, cache, start, mask)
+
+    def forward_at(self, block_embeddings: mx.array, cache: list[KVCache],
+                   start: int | mx.array, context_mask: mx.array | None = None) -> mx.array:
+        """Block embeddings [B, L, H] at positions start.. -> normed hidden states [B, L, H],
+        seeing the cached context entries that `context_mask` [context length] (bool) holds
+        (None: all of them)."""
         h = block_embeddings
         cpu = current() == "cpu"
         for layer, c in zip(self.layers, cache):
-            h = layer(h, c, start, cpu, mask)
+            h = layer(h, c, start, cpu, context_mask)
         return self.norm(h)

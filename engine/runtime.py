@@ -27,6 +27,7 @@ from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
 from .lookup import SuffixLookup
+from .pipeline import pipeline_applies, pipelined_decode
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -69,6 +70,11 @@ class DFlashRuntime:
         # Trees of proposals: greedy whole blocks on a target that verifies rows
         self.branches = (self.config.branches if branches_apply(self.target, self.min_confidence)
                          else None)
+        # Greedy whole-block cycles queued one ahead of their reads (pipeline.py)
+        self.pipeline = (self.config.pipeline and draft is not None
+                         and pipeline_applies(self.target, draft,
+                                              [*self.target.make_cache(), *draft.make_cache()],
+                                              self.min_confidence))
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = (self.config.stream_verify or 0) if lockstep is None else 0
         self.target_id, self.draft_id = target_id, draft_id
@@ -180,6 +186,7 @@ class DFlashRuntime:
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
             "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
+            "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -270,6 +277,11 @@ class DFlashRuntime:
                         proposer)
             state.mark(len(ids) - 1)
             todo = todo[-1:]
+        if self.pipeline and sampler is None and not profile:
+            yield from pipelined_decode(self.target, proposer, todo, max_tokens, block_size,
+                                        self.config.prefill_chunk, cache=state.cache,
+                                        stop_ids=stop_ids)
+            return
         yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
                                       self.config.prefill_chunk, cache=state.cache,
                                       sync_phases=profile, sampler=sampler,

@@ -353,10 +353,11 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     async_eval'ed (its host launch time) and waited for: only where evaluation is cheap."""
     from mlx_lm.generate import generate_step  # noqa: F401  (the step plain1 rebuilds)
 
+    from engine.cycle import DraftProposer, commit_row, propose
     from engine.cycle import accept as accept_fn
-    from engine.cycle import commit_row, propose
     from engine.device import current
     from engine.draft_head import DraftHead
+    from engine.pipeline import Queued, build_cycle, pipeline_applies
     from engine.runtime import target_model_dtype
     from engine.targets.base import cache_arrays
 
@@ -431,6 +432,16 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                 target.compile_verify(0)
 
         phases["verify_compiled"] = verify_compiled
+    if rt.pipeline or pipeline_applies(target, draft, cache + dcache, None):
+        # a whole pipelined cycle (engine/pipeline.py): all of the above, built in one go
+        proposer = DraftProposer(target, draft, head, None, dcache)
+        settled = Queued.settled(5, target.cache_length(cache), dcache[0].offset)
+
+        def pipelined(_: list) -> list:
+            flight, after = build_cycle(target, proposer, cache, settled, size)
+            return [flight.values, *after.arrays(), *cache_arrays(cache, dcache)]
+
+        phases["pipelined"] = pipelined
     chain = {"accept": "verify", "rollback": "verify"}  # built on the verify's outputs
     out: dict = {"ctx": ctx, "size": size, "accepted": accepted, "iters": iters}
     builds: dict[str, list[float]] = {k: [] for k in phases}

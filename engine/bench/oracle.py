@@ -37,7 +37,8 @@ class Oracle:
         self.block_size, self.vocab = block_size, vocab
         self.rng = random.Random(seed)
         self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
-        self.base: int | None = None
+        self.base: int | mx.array | None = None  # the first position (on the device: pipelined)
+        self._reference: mx.array | None = None  # the reference on the device (on_device)
 
     def __call__(self, staged: int, size: int, position: int) -> list[int]:
         """-> the verify input: `staged`, then size - 1 drafted tokens."""
@@ -50,6 +51,20 @@ class Oracle:
         if a < size - 1:
             drafted[a] = (drafted[a] + 1) % self.vocab  # the target's argmax differs here
         return [staged] + drafted
+
+    def on_device(self, staged: mx.array, position: mx.array, size: int) -> mx.array:
+        """`__call__` for pipelined cycles, whose `staged` [1] and `position` (a scalar) are
+        still on the device: the same drawn counts, the reference read there."""
+        if self.base is None:
+            self.base = position
+            self._reference = mx.array(self.reference + [0] * size, dtype=mx.int32)
+        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        at = position - self.base + 1 + mx.arange(size - 1)  # staged is reference[at[0] - 1]
+        drafted = mx.take(self._reference, mx.minimum(at, self._reference.size - 1))
+        if a < size - 1:  # past the reference any token will do, as in __call__
+            slot = mx.arange(size - 1) == a
+            drafted = mx.where(slot, (drafted + 1) % self.vocab, drafted)
+        return mx.concatenate([staged.astype(mx.int32), drafted])[None]
 
 
 class OracleProposer(DraftProposer):
@@ -67,6 +82,12 @@ class OracleProposer(DraftProposer):
         if self.draft_cost:
             mx.async_eval(super().propose(staged, size, position))  # queued with the verify
         return mx.array([self.oracle(staged, size, position)])
+
+    def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
+                       size: int) -> mx.array:
+        if self.draft_cost:
+            mx.async_eval(super().propose_queued(staged, position, visible, size))
+        return self.oracle.on_device(staged, position, size)
 
 
 def consistent_reference(run: Callable[[list[int]], list[int]], reference: Sequence[int]

@@ -1,0 +1,110 @@
+"""Pipelined greedy cycles (issue 13, engine/pipeline.py): each cycle is queued before the
+last one's commit is read; the caches keep rejected positions behind a mask until they are
+compacted."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from test_cycle_sync import load, reads_per_cycle
+
+from engine import DFlashConfig
+from engine.cycle import DraftProposer, prefill, speculative_decode
+from engine.errors import ConfigError
+from engine.pipeline import DRAIN_EVERY, pipeline_applies, pipelined_decode
+
+
+def plain(rt, ids: list[int], n: int) -> list[int]:
+    return [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=n)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_pipelined_cycles_are_greedy_and_leave_the_caches_of_plain_cycles(tiny_pairs, family):
+    """The same tokens as plain greedy decoding, one read per cycle, and afterwards the
+    target's and the draft's caches hold the committed positions only, as after plain
+    speculative cycles (equal up to rounding: the masked attention rows are longer)."""
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello world")
+    n = 3 * DRAIN_EVERY  # drains twice on the way
+    want = plain(rt, ids, n)
+    proposer = DraftProposer(rt.target, rt.draft)
+    cache = rt.target.make_cache()
+    assert pipeline_applies(rt.target, rt.draft, [*cache, *proposer.cache], None)
+    per_cycle, tokens = reads_per_cycle(pipelined_decode(rt.target, proposer, ids, n, 16, 512,
+                                                         cache=cache))
+    assert tokens == want
+    assert len(per_cycle) > 2 * DRAIN_EVERY
+    # a drain compacts the caches before the next cycle is queued and read
+    drains = {i for i in range(1, len(per_cycle)) if i % DRAIN_EVERY == 0}
+    assert {r for i, r in enumerate(per_cycle) if i not in drains} == {1}  # the commit only
+
+    reference = DraftProposer(rt.target, rt.draft)
+    ref_cache = rt.target.make_cache()
+    assert [t for c in speculative_decode(rt.target, reference, ids, n, 16, 512,
+                                          cache=ref_cache) for t in c.tokens] == want
+    assert rt.target.cache_length(cache) == len(ids) + len(want) - 1  # the last token unfed
+    for got, ref in ((cache, ref_cache), (proposer.cache, reference.cache)):
+        for c, r in zip(got, ref):
+            assert c.offset == r.offset
+            for a, b in zip(c.keys_and_values(), r.keys_and_values()):
+                assert mx.allclose(a, b, atol=1e-4).item()
+
+
+def test_a_stop_token_ends_the_reply_and_is_not_fed(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("Hello world")
+    want = plain(rt, ids, 40)
+    stop = want[23]
+    end = want.index(stop)
+    proposer = DraftProposer(rt.target, rt.draft)
+    cache = rt.target.make_cache()
+    tokens = [t for c in pipelined_decode(rt.target, proposer, ids, 40, 16, 512, cache=cache,
+                                          stop_ids={stop}) for t in c.tokens]
+    assert tokens == want[:end + 1]
+    assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + end
+
+
+@pytest.mark.parametrize("n", [1, 2, 17])
+def test_max_tokens_is_exact(tiny_pairs, n):
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("Hi")
+    proposer = DraftProposer(rt.target, rt.draft)
+    cache = rt.target.make_cache()
+    tokens = [t for c in pipelined_decode(rt.target, proposer, ids, n, 16, 512, cache=cache)
+              for t in c.tokens]
+    assert tokens == plain(rt, ids, n)
+    assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + n - 1
+
+
+def test_a_pipelined_verify_sees_only_the_visible_entries(tiny_pairs):
+    """forward_at on a cache holding rejected entries, hidden, gives the logits of a plain
+    verify on the cache without them."""
+    rt = load(tiny_pairs, "llama")
+    target, tap_ids = rt.target, DraftProposer(rt.target, rt.draft).tap_ids
+    prompt, junk, block = list(range(3, 20)), [40, 41, 42], [7, 8, 9, 10]
+    clean = target.make_cache()
+    prefill(target, clean, prompt, 512)
+    want, want_taps = target.forward(mx.array([block]), clean, tap_ids)
+    held = target.make_cache()
+    prefill(target, held, prompt + junk, 512)
+    visible = mx.array([True] * len(prompt) + [False] * len(junk))
+    got, got_taps = target.forward_at(mx.array([block]), held, tap_ids,
+                                      mx.array(len(prompt)), visible)
+    assert mx.allclose(got, want, atol=1e-4).item()
+    assert mx.allclose(got_taps, want_taps, atol=1e-4).item()
+
+
+def test_the_runtime_pipelines_greedy_whole_blocks_only(tiny_pairs):
+    rt = load(tiny_pairs, "llama", pipeline=True)
+    assert rt.describe()["pipeline"] is True
+    result = rt.generate("Hello world", max_tokens=30, no_eos=True)
+    assert result.tokens == plain(rt, rt.encode("Hello world"), 30)
+    # sampled replies and the sharded or recurrent targets keep the plain cycles
+    sampled = rt.generate("Hello world", max_tokens=8, temperature=0.7, seed=1)
+    assert len(sampled.tokens) == 8
+    assert load(tiny_pairs, "qwen3_5", pipeline=True).describe()["pipeline"] is False
+    assert load(tiny_pairs, "llama", pipeline=True,
+                min_draft_confidence=0.4).describe()["pipeline"] is False
+    with pytest.raises(ConfigError, match="pipeline"):
+        DFlashConfig(pipeline="yes")
