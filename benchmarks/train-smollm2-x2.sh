@@ -49,8 +49,9 @@
 #            (slice 1/2: gen-19-1.npz, ~/.cache/dflash-chat/train-data/stage19/), then PART=ab
 #            AB_VARIANTS=a AB_S=360 LR=6e-5 DATA_WEIGHTS="*/gen-19-*=1,*=0.4" (not shipped:
 #            held-out up, the suites level)
-#   next: stage gen-19-1.npz too; SEED=20 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1 again, a new
-#            seed), then PART=ab with the schedule now sized to the time (steps_that_fit)
+#   next: stage gen-19-1.npz too; after run-gpu.sh's PART=overlap (the pipeline A/B, issue
+#            13), SEED=20 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1 again, a new seed), then
+#            PART=ab with the schedule now sized to the time (steps_that_fit)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:

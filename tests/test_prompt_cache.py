@@ -73,6 +73,17 @@ def test_multi_turn_reuses_the_conversation_losslessly(pairs, family, speculativ
     assert results[-1].speculative is speculative
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_pipelined_replies_leave_states_that_later_turns_reuse(pairs, family):
+    """--pipeline: the caches a reply leaves (compacted to its committed positions) serve the
+    next turn as a fresh prefill would."""
+    rt, ref = pairs(family, pipeline=True, min_draft_confidence=None)
+    assert rt.pipeline
+    rt.clear_cache()
+    _, results = conversation(rt, ref, ["Hello! How can I help?", "What is 12 times 7?"])
+    assert results[1].cached_tokens >= results[0].prompt_tokens - 1
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_regenerate_resumes_before_the_last_prompt_token(pairs, family):
     rt, ref = pairs(family)
