@@ -79,7 +79,8 @@ class DFlashConfig:
     # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
     # queued before this one's commit is read, so that the host's graph building overlaps the
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
-    # until they are compacted. Pure-attention targets; no suffix lookup with it. Rounds
+    # until they are compacted. Pure-attention targets; the suffix lookup's long matches only,
+    # found on the device. Rounds
     # differently from plain decoding (lossless under the near-tie rule, not bit for bit in
     # float32): meant for GPUs at checkpoint precision; off until a GPU run shows it pays.
     pipeline: bool = False
@@ -217,8 +218,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "default off)")
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
-                        "(whole blocks, llama/qwen2/qwen3 targets, no suffix lookup; meant for "
-                        "GPUs at checkpoint precision, not yet measured there; default off)")
+                        "(whole blocks, llama/qwen2/qwen3 targets, the lookup's long matches "
+                        "only; meant for GPUs at checkpoint precision, not yet measured there; "
+                        "default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "

@@ -9,9 +9,15 @@ its staged token stay device arrays too. Every DRAIN_EVERY cycles, and at the en
 pipeline drains and the caches are compacted to the committed positions, whose counts have
 been read by then.
 
+The suffix lookup (engine/lookup.py) runs on the device too (`looked_up`), over the committed
+tokens kept there: where the context's last `min_match` tokens occurred before, what followed
+the latest such place is the proposal instead of the draft's (the draft forward still runs:
+the host cannot skip what it has not read). Its shorter matches, which the draft weighs
+against its own proposal, are left out.
+
 Greedy, whole blocks, pure-attention targets with plain KV caches, drafts without sliding
-windows (`pipeline_applies`); the suffix lookup is off (it reads committed tokens before it
-proposes). Lossless as the verify defines it: every committed token is the verify's argmax.
+windows (`pipeline_applies`). Lossless as the verify defines it: every committed token is
+the verify's argmax.
 A hidden position weighs exactly zero, but attention over a longer row of keys rounds
 differently from attention over the trimmed cache, so in float32 the output is not bit for
 bit plain decoding's: meant for GPUs at checkpoint precision, under the near-tie rule.
@@ -27,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from .cycle import Commit, DraftProposer, accept, commit_row, prefill
+from .cycle import Commit, DraftProposer, accept, commit_values, prefill, read_commit
 from .draft import DFlashDraft
 from .events import CycleStats
 from .targets.base import TargetAdapter, cache_arrays
@@ -50,30 +56,37 @@ def pipeline_applies(target: TargetAdapter, draft: DFlashDraft, caches: list[Any
 @dataclass
 class Queued:
     """The device state after the cycles queued so far: the next block's staged token [1],
-    its positions in the target's and the draft's caches (scalars), and which entries of
-    each cache are committed ones (bool, one per entry)."""
+    its positions in the target's and the draft's caches (scalars), which entries of each
+    cache are committed ones (bool, one per entry), and for the lookup the context's tokens
+    (a buffer, the staged token last of the first `length`)."""
 
     staged: mx.array
     target_position: mx.array
     draft_position: mx.array
     target_visible: mx.array
     draft_visible: mx.array
+    context: mx.array | None = None  # None: no lookup
+    length: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         return [self.staged, self.target_position, self.draft_position, self.target_visible,
-                self.draft_visible]
+                self.draft_visible, *([] if self.context is None else [self.context, self.length])]
 
     @classmethod
-    def settled(cls, staged: int, target_length: int, draft_length: int) -> Queued:
-        """After a drain: every cached entry committed."""
-        return cls(mx.array([staged], dtype=mx.int32), mx.array(target_length, mx.int32),
+    def settled(cls, context: list[int], target_length: int, draft_length: int,
+                room: int | None) -> Queued:
+        """After a drain: every cached entry committed; `context` the tokens so far (the
+        staged one last), kept on the device with `room` for more (None: not kept)."""
+        return cls(mx.array(context[-1:], dtype=mx.int32), mx.array(target_length, mx.int32),
                    mx.array(draft_length, mx.int32), mx.ones((target_length,), mx.bool_),
-                   mx.ones((draft_length,), mx.bool_))
+                   mx.ones((draft_length,), mx.bool_),
+                   None if room is None else mx.array(context + [0] * room, dtype=mx.int32),
+                   None if room is None else mx.array(len(context), mx.int32))
 
 
 @dataclass
 class InFlight:
-    """One queued cycle: what its one read brings back (`commit_row`) and where its block
+    """One queued cycle: what its one read brings back (`commit_values`) and where its block
     starts in the target's and the draft's caches."""
 
     values: mx.array
@@ -109,13 +122,36 @@ def queue_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any]
     return flight, after
 
 
+def looked_up(context: mx.array, length: mx.array, min_match: int, count: int
+              ) -> tuple[mx.array, mx.array]:
+    """The suffix lookup on the device: where the last `min_match` of the first `length`
+    tokens of `context` occurred before (the latest such place), the `count` tokens that
+    followed it, continued through the match's period where they reach the present (as
+    SuffixLookup.propose). -> (whether there is one: a bool scalar, the tokens [count])."""
+    at = mx.arange(context.shape[0])
+    last = length - 1
+    hit = (at >= min_match - 1) & (at < last)
+    for k in range(min_match):
+        hit = hit & (context[mx.maximum(at - k, 0)] == context[last - k])
+    end = mx.max(mx.where(hit, at, -1))
+    period = mx.maximum(last - end, 1)
+    source = end + 1 + mx.arange(count) % period
+    return end >= 0, context[mx.clip(source, 0, context.shape[0] - 1)]
+
+
 def build_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any],
                 state: Queued, size: int) -> tuple[InFlight, Queued]:
-    """Build one cycle's graph on `state`: the draft's proposal, the verify, the acceptance
-    and the caches' new entries, nothing read. -> (the cycle, the state after it)."""
+    """Build one cycle's graph on `state`: the proposal (the draft's, or the lookup's where
+    it finds a match), the verify, the acceptance and the new entries of the caches and the
+    context, nothing read. -> (the cycle, the state after it)."""
     t0 = time.perf_counter()
     verify_in = proposer.propose_queued(state.staged, state.draft_position, state.draft_visible,
                                         size)
+    took: bool | mx.array = False
+    if state.context is not None and size > 1:
+        took, repeat = looked_up(state.context, state.length, proposer.lookup_min_match,
+                                 size - 1)
+        verify_in = mx.where(took, mx.concatenate([verify_in[0, :1], repeat])[None], verify_in)
     t1 = time.perf_counter()
     target_start, draft_start = target.cache_length(cache), proposer.cache[0].offset
     logits, taps = target.forward_at(verify_in, cache, proposer.tap_ids, state.target_position,
@@ -123,12 +159,21 @@ def build_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any]
     accepted, choice = accept(verify_in, logits)
     following = choice[accepted]
     proposer.draft.append_context(taps, proposer.cache, state.draft_position)
-    kept = mx.arange(size) <= accepted  # the staged token and the accepted drafts
-    values = commit_row(verify_in, accepted, following)
+    slots = mx.arange(size)
+    kept = slots <= accepted  # the staged token and the accepted drafts
+    values = commit_values(verify_in, accepted, following, took)
     after = Queued(following.reshape(1), state.target_position + accepted + 1,
                    state.draft_position + accepted + 1,
                    mx.concatenate([state.target_visible, kept]),
                    mx.concatenate([state.draft_visible, kept]))
+    if state.context is not None:
+        # the committed tokens after the staged one (the kept drafts, then the target's) go
+        # after the context's; what lies past them the next cycle overwrites
+        tokens = mx.where(slots == accepted, following,
+                          mx.concatenate([verify_in[0, 1:], following.reshape(1)]))
+        at = mx.minimum(state.length + slots, state.context.shape[0] - 1)  # room: see caller
+        after.context = mx.put_along_axis(state.context, at, tokens, axis=0)
+        after.length = state.length + accepted + 1
     return (InFlight(values, target_start, draft_start, size, t1 - t0,
                      time.perf_counter() - t1), after)
 
@@ -156,8 +201,13 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
     proposer.observe([staged])
     yield Commit([staged], 0)
     emitted, index = 1, 0
+    # The lookup's context on the device (the conversation so far, as the proposer's lookup
+    # holds it): room for every token a reply commits there, even past max_tokens (the host
+    # cuts there), and for the block the queued cycle after it writes.
+    context = list(proposer.lookup.tokens) if proposer.lookup is not None else [staged]
+    room = max_tokens + 2 * block_size if proposer.lookup is not None else None
     committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
-    state = Queued.settled(staged, committed.target_base, committed.draft_base)
+    state = Queued.settled(context, committed.target_base, committed.draft_base, room)
     flight: InFlight | None = None
     if emitted < max_tokens:
         flight, state = queue_cycle(target, proposer, cache, state, block_size)
@@ -168,26 +218,27 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
         if emitted + 1 < max_tokens and (index + 1) % DRAIN_EVERY:
             following = queue_cycle(target, proposer, cache, state, block_size)
         t0 = time.perf_counter()
-        row = flight.values.tolist()
+        a, tokens, took = read_commit(flight.values)
         wait_s = time.perf_counter() - t0
-        a = row[0]
-        tokens = (row[1:1 + a] + [row[-1]])[:max_tokens - emitted]
+        tokens = tokens[:max_tokens - emitted]
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         if stop is not None:
             tokens = tokens[:stop + 1]  # the stop token is yielded, never fed
         # cache entries kept: the staged token and every yielded token but the last
         committed.blocks.append((flight.target_start, flight.draft_start, len(tokens)))
+        context += tokens
         emitted += len(tokens)
         proposer.observe(tokens)
         yield Commit(tokens, min(a, len(tokens)),
-                     CycleStats(index, flight.size, a, flight.draft_s, flight.verify_s, wait_s))
+                     CycleStats(index, flight.size, a, flight.draft_s, flight.verify_s, wait_s,
+                                took))
         index += 1
         if stop is not None or emitted >= max_tokens:
             break
         if following is None:  # drain: compact, then go on from the committed state
             settle(target, proposer, cache, committed)
             committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
-            state = Queued.settled(tokens[-1], committed.target_base, committed.draft_base)
+            state = Queued.settled(context, committed.target_base, committed.draft_base, room)
             flight, state = queue_cycle(target, proposer, cache, state, block_size)
         else:
             flight, state = following

@@ -357,6 +357,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     from engine.cycle import accept as accept_fn
     from engine.device import current
     from engine.draft_head import DraftHead
+    from engine.lookup import SuffixLookup
     from engine.pipeline import Queued, build_cycle, pipeline_applies
     from engine.runtime import target_model_dtype
     from engine.targets.base import cache_arrays
@@ -433,9 +434,11 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
 
         phases["verify_compiled"] = verify_compiled
     if rt.pipeline or pipeline_applies(target, draft, cache + dcache, None):
-        # a whole pipelined cycle (engine/pipeline.py): all of the above, built in one go
-        proposer = DraftProposer(target, draft, head, None, dcache)
-        settled = Queued.settled(5, target.cache_length(cache), dcache[0].offset)
+        # a whole pipelined cycle (engine/pipeline.py): all of the above and the device
+        # lookup (on by default), built in one go
+        proposer = DraftProposer(target, draft, head, None, dcache, SuffixLookup())
+        settled = Queued.settled([5] * ctx, target.cache_length(cache), dcache[0].offset,
+                                 2 * size)
 
         def pipelined(_: list) -> list:
             flight, after = build_cycle(target, proposer, cache, settled, size)

@@ -5,6 +5,7 @@ compacted."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 from test_cycle_sync import load, reads_per_cycle
@@ -12,7 +13,9 @@ from test_cycle_sync import load, reads_per_cycle
 from engine import DFlashConfig
 from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.errors import ConfigError
-from engine.pipeline import DRAIN_EVERY, pipeline_applies, pipelined_decode
+from engine.lookup import SuffixLookup
+from engine.pipeline import DRAIN_EVERY, looked_up, pipeline_applies, pipelined_decode
+from engine.runtime import DFlashRuntime
 
 
 def plain(rt, ids: list[int], n: int) -> list[int]:
@@ -108,3 +111,49 @@ def test_the_runtime_pipelines_greedy_whole_blocks_only(tiny_pairs):
                 min_draft_confidence=0.4).describe()["pipeline"] is False
     with pytest.raises(ConfigError, match="pipeline"):
         DFlashConfig(pipeline="yes")
+
+
+def test_the_device_lookup_proposes_what_the_host_lookup_does():
+    """looked_up, where the context's last min_match tokens occurred once before: the tokens
+    that followed, through the match's period where they reach the present."""
+    rng = np.random.default_rng(0)
+    compared = 0
+    for trial in range(40):
+        head = [int(t) for t in rng.integers(10, 400, size=int(rng.integers(8, 60)))]
+        if trial % 4 == 0:  # no repeat at all
+            tokens = head
+        else:  # the last tokens repeat an earlier stretch, a few or many tokens back
+            start = int(rng.integers(0, len(head) - 6))
+            tokens = head + head[start:start + int(rng.integers(5, len(head) - start + 1))]
+        host = SuffixLookup(min_match=5, short_match=5)
+        host.extend(tokens)
+        length, want = host.propose(15)
+        if length and len(host._ends.get(tuple(tokens[-5:]), [])) > 2:
+            continue  # several earlier places: the host weighs them, the device takes the latest
+        found, got = looked_up(mx.array(tokens + [0] * 40, dtype=mx.int32),
+                               mx.array(len(tokens)), 5, 15)
+        assert bool(found) == bool(length)
+        if length:
+            assert got.tolist() == want
+            compared += 1
+    assert compared >= 20
+
+
+def test_pipelined_cycles_propose_repeats_from_the_device_lookup(tiny_pairs):
+    """With the suffix lookup (the runtime's default) on a target whose replies repeat: some
+    cycles propose the lookup's tokens, more tokens a cycle than without it, and the output
+    is still plain greedy decoding's."""
+    from tiny_pairs import REPEATING
+
+    target, draft = tiny_pairs("llama", REPEATING)
+    ids, n = list(range(3, 20)), 120
+    runs = {}
+    for lookup in (5, None):
+        rt = DFlashRuntime.from_pretrained(str(target), str(draft), DFlashConfig(
+            min_draft_confidence=None, lookup_min_match=lookup, pipeline=True))
+        commits = list(rt._speculative(ids, n, 16, False, None, []))
+        assert [t for c in commits for t in c.tokens] == plain(rt, ids, n)
+        cycles = [c.cycle for c in commits if c.cycle is not None]
+        runs[lookup] = (sum(c.looked_up for c in cycles), (n - 1) / len(cycles))
+    assert runs[5][0] > 0 and runs[None][0] == 0
+    assert runs[5][1] > runs[None][1]
