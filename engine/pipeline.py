@@ -211,38 +211,41 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
     flight: InFlight | None = None
     if emitted < max_tokens:
         flight, state = queue_cycle(target, proposer, cache, state, block_size)
-    while flight is not None:
-        # the next cycle is queued before this one is read, unless this one ends the reply
-        # for sure or the caches are due to drain
-        following = None
-        if emitted + 1 < max_tokens and (index + 1) % DRAIN_EVERY:
-            following = queue_cycle(target, proposer, cache, state, block_size)
-        t0 = time.perf_counter()
-        a, tokens, took = read_commit(flight.values)
-        wait_s = time.perf_counter() - t0
-        tokens = tokens[:max_tokens - emitted]
-        stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
-        if stop is not None:
-            tokens = tokens[:stop + 1]  # the stop token is yielded, never fed
-        # cache entries kept: the staged token and every yielded token but the last
-        committed.blocks.append((flight.target_start, flight.draft_start, len(tokens)))
-        context += tokens
-        emitted += len(tokens)
-        proposer.observe(tokens)
-        yield Commit(tokens, min(a, len(tokens)),
-                     CycleStats(index, flight.size, a, flight.draft_s, flight.verify_s, wait_s,
-                                took))
-        index += 1
-        if stop is not None or emitted >= max_tokens:
-            break
-        if following is None:  # drain: compact, then go on from the committed state
-            settle(target, proposer, cache, committed)
-            committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
-            state = Queued.settled(context, committed.target_base, committed.draft_base, room)
-            flight, state = queue_cycle(target, proposer, cache, state, block_size)
-        else:
-            flight, state = following
-    settle(target, proposer, cache, committed)
+    try:
+        while flight is not None:
+            # the next cycle is queued before this one is read, unless this one ends the
+            # reply for sure or the caches are due to drain
+            following = None
+            if emitted + 1 < max_tokens and (index + 1) % DRAIN_EVERY:
+                following = queue_cycle(target, proposer, cache, state, block_size)
+            t0 = time.perf_counter()
+            a, tokens, took = read_commit(flight.values)
+            wait_s = time.perf_counter() - t0
+            tokens = tokens[:max_tokens - emitted]
+            stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+            if stop is not None:
+                tokens = tokens[:stop + 1]  # the stop token is yielded, never fed
+            # cache entries kept: the staged token and every yielded token but the last
+            committed.blocks.append((flight.target_start, flight.draft_start, len(tokens)))
+            context += tokens
+            emitted += len(tokens)
+            proposer.observe(tokens)
+            yield Commit(tokens, min(a, len(tokens)),
+                         CycleStats(index, flight.size, a, flight.draft_s, flight.verify_s,
+                                    wait_s, took))
+            index += 1
+            if stop is not None or emitted >= max_tokens:
+                break
+            if following is None:  # drain: compact, then go on from the committed state
+                settle(target, proposer, cache, committed)
+                committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
+                state = Queued.settled(context, committed.target_base, committed.draft_base,
+                                       room)
+                flight, state = queue_cycle(target, proposer, cache, state, block_size)
+            else:
+                flight, state = following
+    finally:  # also when the caller stops early (a cancelled reply keeps a usable state)
+        settle(target, proposer, cache, committed)
 
 
 def settle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any],

@@ -157,3 +157,17 @@ def test_pipelined_cycles_propose_repeats_from_the_device_lookup(tiny_pairs):
         runs[lookup] = (sum(c.looked_up for c in cycles), (n - 1) / len(cycles))
     assert runs[5][0] > 0 and runs[None][0] == 0
     assert runs[5][1] > runs[None][1]
+
+
+def test_a_reply_closed_early_leaves_compacted_caches(tiny_pairs):
+    """A caller that stops mid-reply (a cancel) closes the generator while a cycle is queued
+    ahead and rejected positions are in the caches: both are compacted on the way out."""
+    rt = load(tiny_pairs, "llama")
+    ids = rt.encode("Hello world")
+    proposer = DraftProposer(rt.target, rt.draft)
+    cache = rt.target.make_cache()
+    commits = pipelined_decode(rt.target, proposer, ids, 60, 16, 512, cache=cache)
+    got = [t for _ in range(5) for t in next(commits).tokens]
+    commits.close()
+    assert got == plain(rt, ids, len(got))
+    assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + len(got) - 1

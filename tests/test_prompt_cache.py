@@ -172,6 +172,20 @@ def test_cancelled_stream_still_leaves_a_usable_state(pairs):
     assert again.cached_tokens == again.prompt_tokens - 1
 
 
+def test_a_cancelled_pipelined_stream_still_leaves_a_usable_state(pairs):
+    """--pipeline: a reply closed mid-way (a cycle queued ahead, rejected positions still in
+    the caches) is compacted on the way out: a request that continues it reuses the reply's
+    states and equals a fresh prefill."""
+    rt, ref = pairs("llama", pipeline=True, min_draft_confidence=None)
+    rt.clear_cache()
+    ids = rt.encode("Hello! How can I help you today?")
+    stream = rt.stream_generate(ids, max_tokens=3 * N, no_eos=True)
+    reply = [t for _ in range(5) for t in next(stream).tokens]
+    stream.close()
+    again = same(rt, ref, ids + reply + [5, 6, 7])
+    assert again.cached_tokens >= len(ids) + len(reply) - 1  # the reply's states reused
+
+
 def test_prompt_cache_bytes_config():
     assert resolve_cache_bytes(0) == 0
     assert resolve_cache_bytes(1234) == 1234
