@@ -65,22 +65,22 @@ class DFlashConfig:
     # one compiled forward over its KV cache's whole buffer (engine/targets/compiled_verify.py):
     # the host builds no graph per verify and the device runs fused kernels. Its rounding
     # differs from the layer-by-layer forward's (lossless under the near-tie rule, not bit for
-    # bit plain decoding in float32), so it is meant for GPUs at checkpoint precision; off
-    # until a GPU run shows it pays.
+    # bit plain decoding in float32), so it is meant for GPUs at checkpoint precision. Off: on
+    # the H200 it ran slower than the layer-by-layer verify (benchmarks/stage19/).
     compiled_verify: bool = False
     # Verify a tree of proposals instead of one (engine/cycle.py: branch_rows): the draft's
     # own, and beside it its 2nd..K-th choice at each of its first M slots, one row each; the
     # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
     # Greedy, pure-attention targets, whole blocks (with it, "auto" means no cut; an explicit
-    # cut is refused). A verify then holds R rows of a block: a
-    # GPU at checkpoint precision runs them in about the time of one, a CPU in R times it.
-    # Off until a GPU run shows it pays. Lossless: the target verifies every row.
+    # cut is refused). A verify then holds R rows of a block: a CPU takes R times as long;
+    # on the H200 a 4x2 tree's verify cost as much as its extra
+    # tokens won (benchmarks/stage19/), so it is off. Lossless: the target verifies every row.
     branches: tuple[int, int] | None = None
     # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
     # queued before this one's commit is read, so that the host's graph building overlaps the
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
-    # until they are compacted. Pure-attention targets; the suffix lookup's long matches only,
-    # found on the device. Rounds
+    # until they are compacted. Pure-attention targets; the suffix lookup runs on the device.
+    # Rounds
     # differently from plain decoding (lossless under the near-tie rule, not bit for bit in
     # float32): meant for GPUs at checkpoint precision; off until a GPU run shows it pays.
     pipeline: bool = False
@@ -209,18 +209,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
                    help="run each full-block verify of a llama/qwen2/qwen3 target as one "
                         "compiled forward (meant for GPUs at checkpoint precision: it rounds "
-                        "differently from plain decoding; not yet measured there; default off)")
+                        "differently from plain decoding; slower on the H200; default off)")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify a tree of proposals: beside the draft's own, its 2nd..K-th "
                         "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
                         "rows; greedy, llama/qwen2/qwen3 targets; verified whole, so the "
-                        "'auto' cut is off with it; meant for GPUs, not yet measured there; "
-                        "default off)")
+                        "'auto' cut is off with it; no faster on the H200; default off)")
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
-                        "(whole blocks, llama/qwen2/qwen3 targets, the lookup's long matches "
-                        "only; meant for GPUs at checkpoint precision, not yet measured there; "
-                        "default off)")
+                        "(whole blocks, llama/qwen2/qwen3 targets; meant for GPUs at "
+                        "checkpoint precision, not yet measured there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "

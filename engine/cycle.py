@@ -261,9 +261,15 @@ def take_repeat(probs: mx.array, head: DraftHead, repeat: Sequence[int], drafted
     index, known = head.index_of(list(repeat[:n]))
     repeat_probs = mx.where(known, mx.take_along_axis(probs[:n], index[:, None], axis=-1)[:, 0],
                             0.0)
-    take = expected_run(repeat_probs) >= REPEAT_ODDS * expected_run(mx.max(probs, axis=-1))
+    take = repeat_wins(probs, repeat_probs)
     tokens = mx.pad(mx.array(list(repeat[:n]), dtype=mx.int32), (0, probs.shape[0] - n))
     return take, mx.where(take, tokens, drafted)
+
+
+def repeat_wins(probs: mx.array, repeat_probs: mx.array) -> mx.array:
+    """Whether the draft, with distributions `probs` [n, K], expects the repeat whose tokens
+    it gives `repeat_probs` to run at least REPEAT_ODDS times as far as its own top tokens."""
+    return expected_run(repeat_probs) >= REPEAT_ODDS * expected_run(mx.max(probs, axis=-1))
 
 
 def choice_length(take: mx.array, top: mx.array, repeat: int, min_confidence: float | None,
@@ -454,17 +460,32 @@ class DraftProposer:
                                 self.verify_lengths)
 
     def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
-                       size: int) -> mx.array:
+                       size: int, repeats: Sequence[tuple[mx.array, mx.array]] = ()
+                       ) -> tuple[mx.array, bool | mx.array]:
         """A pipelined cycle's proposal (engine/pipeline.py), all on the device: the draft's
         top tokens on [staged, mask x (size - 1)] at `position` (a scalar), seeing the
-        context entries that `visible` holds. -> verify input [1, size]."""
+        context entries that `visible` holds; with the lookup's `repeats` (found, tokens
+        [size - 1]) for its long and its short matches, as `propose` chooses (the short
+        match's choice needs the full head). -> (verify input [1, size], whether a repeat
+        was taken)."""
         block = mx.concatenate([staged.reshape(1, 1).astype(mx.int32),
                                 mx.full((1, size - 1), self.draft.args.mask_token_id, mx.int32)],
                                axis=1)
         hidden = self.draft.forward_at(self.target.embed(block), self.cache, position, visible)
         logits = draft_head_logits(self.output_head, hidden)
-        drafted = self.output_head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
-        return mx.concatenate([block[:, :1], drafted], axis=1)
+        tokens = self.output_head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)
+        took: bool | mx.array = False
+        if len(repeats) > 1 and self.output_head.ids is None:  # a short match: the draft picks
+            found, repeat = repeats[1]
+            probs = mx.softmax(logits[0], axis=-1, precise=True)
+            took = found & repeat_wins(probs, mx.take_along_axis(probs, repeat[:, None],
+                                                                 axis=-1)[:, 0])
+            tokens = mx.where(took, repeat, tokens)
+        if repeats:  # a long match: its repeat
+            found, repeat = repeats[0]
+            took = found | took
+            tokens = mx.where(found, repeat, tokens)
+        return mx.concatenate([block[0, :1], tokens])[None], took
 
     def _take_prefetched(self, size: int) -> mx.array | None:
         """The prefetched draft logits for a block of `size` (None when there are none)."""

@@ -12,8 +12,8 @@ been read by then.
 The suffix lookup (engine/lookup.py) runs on the device too (`looked_up`), over the committed
 tokens kept there: where the context's last `min_match` tokens occurred before, what followed
 the latest such place is the proposal instead of the draft's (the draft forward still runs:
-the host cannot skip what it has not read). Its shorter matches, which the draft weighs
-against its own proposal, are left out.
+the host cannot skip what it has not read); where only its last `short_match` did, the draft
+weighs that repeat against its own proposal, as on the host (with the full head).
 
 Greedy, whole blocks, pure-attention targets with plain KV caches, drafts without sliding
 windows (`pipeline_applies`). Lossless as the verify defines it: every committed token is
@@ -145,13 +145,13 @@ def build_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any]
     it finds a match), the verify, the acceptance and the new entries of the caches and the
     context, nothing read. -> (the cycle, the state after it)."""
     t0 = time.perf_counter()
-    verify_in = proposer.propose_queued(state.staged, state.draft_position, state.draft_visible,
-                                        size)
-    took: bool | mx.array = False
-    if state.context is not None and size > 1:
-        took, repeat = looked_up(state.context, state.length, proposer.lookup_min_match,
-                                 size - 1)
-        verify_in = mx.where(took, mx.concatenate([verify_in[0, :1], repeat])[None], verify_in)
+    repeats = []
+    if state.context is not None and proposer.lookup is not None and size > 1:
+        lookup = proposer.lookup  # its long matches, then its shorter ones
+        for n in dict.fromkeys((lookup.min_match, min(lookup.short_match, lookup.min_match))):
+            repeats.append(looked_up(state.context, state.length, n, size - 1))
+    verify_in, took = proposer.propose_queued(state.staged, state.draft_position,
+                                              state.draft_visible, size, repeats)
     t1 = time.perf_counter()
     target_start, draft_start = target.cache_length(cache), proposer.cache[0].offset
     logits, taps = target.forward_at(verify_in, cache, proposer.tap_ids, state.target_position,

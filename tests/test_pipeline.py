@@ -125,18 +125,19 @@ def test_the_device_lookup_proposes_what_the_host_lookup_does():
         else:  # the last tokens repeat an earlier stretch, a few or many tokens back
             start = int(rng.integers(0, len(head) - 6))
             tokens = head + head[start:start + int(rng.integers(5, len(head) - start + 1))]
-        host = SuffixLookup(min_match=5, short_match=5)
-        host.extend(tokens)
-        length, want = host.propose(15)
-        if length and len(host._ends.get(tuple(tokens[-5:]), [])) > 2:
-            continue  # several earlier places: the host weighs them, the device takes the latest
-        found, got = looked_up(mx.array(tokens + [0] * 40, dtype=mx.int32),
-                               mx.array(len(tokens)), 5, 15)
-        assert bool(found) == bool(length)
-        if length:
-            assert got.tolist() == want
-            compared += 1
-    assert compared >= 20
+        for n in (5, 2):  # the lookup's long and short matches
+            host = SuffixLookup(min_match=n, short_match=n)
+            host.extend(tokens)
+            length, want = host.propose(15)
+            if length and len(host._ends.get(tuple(tokens[-n:]), [])) > 2:
+                continue  # several earlier places: the host weighs them, the device the latest
+            found, got = looked_up(mx.array(tokens + [0] * 40, dtype=mx.int32),
+                                   mx.array(len(tokens)), n, 15)
+            assert bool(found) == bool(length)
+            if length:
+                assert got.tolist() == want
+                compared += 1
+    assert compared >= 30
 
 
 def test_pipelined_cycles_propose_repeats_from_the_device_lookup(tiny_pairs):

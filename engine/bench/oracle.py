@@ -84,10 +84,11 @@ class OracleProposer(DraftProposer):
         return mx.array([self.oracle(staged, size, position)])
 
     def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
-                       size: int) -> mx.array:
+                       size: int, repeats: Sequence[tuple[mx.array, mx.array]] = ()
+                       ) -> tuple[mx.array, bool | mx.array]:
         if self.draft_cost:
-            mx.async_eval(super().propose_queued(staged, position, visible, size))
-        return self.oracle.on_device(staged, position, size)
+            mx.async_eval(super().propose_queued(staged, position, visible, size)[0])
+        return self.oracle.on_device(staged, position, size), False
 
 
 def consistent_reference(run: Callable[[list[int]], list[int]], reference: Sequence[int]
