@@ -172,3 +172,27 @@ def test_a_reply_closed_early_leaves_compacted_caches(tiny_pairs):
     commits.close()
     assert got == plain(rt, ids, len(got))
     assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + len(got) - 1
+
+
+def test_the_lookups_repeats_are_chosen_as_on_the_host(tiny_pairs):
+    """propose_queued with the lookup's repeats: a long match's repeat is the proposal; a
+    short match's only where the draft expects it to run (its own tokens: yes; its least
+    likely ones: no), else the draft's own tokens."""
+    rt = load(tiny_pairs, "llama")
+    proposer = DraftProposer(rt.target, rt.draft)  # the full head, as on GPUs
+    prompt = list(range(3, 20))
+    prefill(rt.target, rt.target.make_cache(), prompt, 512, proposer)
+    staged, position = mx.array([7]), mx.array(len(prompt))
+    visible = mx.ones((len(prompt),), dtype=mx.bool_)
+    own, took = proposer.propose_queued(staged, position, visible, 16)
+    assert took is False and own[0, 0].item() == 7
+    unlikely = mx.argmin(proposer.draft_logits(7, 16)[0], axis=-1).astype(mx.int32)
+    yes, no = mx.array(True), mx.array(False)
+
+    def proposal(*repeats):
+        got, took = proposer.propose_queued(staged, position, visible, 16, list(repeats))
+        return got[0, 1:].tolist(), bool(took)
+
+    assert proposal((no, unlikely), (yes, own[0, 1:])) == (own[0, 1:].tolist(), True)
+    assert proposal((no, unlikely), (yes, unlikely)) == (own[0, 1:].tolist(), False)
+    assert proposal((yes, unlikely), (no, own[0, 1:])) == (unlikely.tolist(), True)
