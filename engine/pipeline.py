@@ -11,9 +11,9 @@ been read by then.
 
 The suffix lookup (engine/lookup.py) runs on the device too (`looked_up`), over the committed
 tokens kept there: where the context's last `min_match` tokens occurred before, what followed
-the latest such place is the proposal instead of the draft's (the draft forward still runs:
-the host cannot skip what it has not read); where only its last `short_match` did, the draft
-weighs that repeat against its own proposal, as on the host (with the full head).
+the place the host's lookup picks is the proposal instead of the draft's (the draft forward
+still runs: the host cannot skip what it has not read); where only its last `short_match`
+did, the draft weighs that repeat against its own proposal, as on the host (full heads).
 
 Greedy, whole blocks, pure-attention targets with plain KV caches, drafts without sliding
 windows (`pipeline_applies`). Lossless as the verify defines it: every committed token is
@@ -36,6 +36,7 @@ from mlx_lm.models.cache import KVCache
 from .cycle import Commit, DraftProposer, accept, commit_values, prefill, read_commit
 from .draft import DFlashDraft
 from .events import CycleStats
+from .lookup import MAX_MATCH, RECENT
 from .targets.base import TargetAdapter, cache_arrays
 
 # Cycles between drains: the caches then hold at most this many cycles' rejected positions
@@ -124,19 +125,25 @@ def queue_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any]
 
 def looked_up(context: mx.array, length: mx.array, min_match: int, count: int
               ) -> tuple[mx.array, mx.array]:
-    """The suffix lookup on the device: where the last `min_match` of the first `length`
-    tokens of `context` occurred before (the latest such place), the `count` tokens that
-    followed it, continued through the match's period where they reach the present (as
-    SuffixLookup.propose). -> (whether there is one: a bool scalar, the tokens [count])."""
-    at = mx.arange(context.shape[0])
+    """SuffixLookup.propose on the device, over the first `length` tokens of `context`: of the
+    RECENT latest earlier places where its last `min_match` tokens occurred, the one whose
+    match runs longest (up to MAX_MATCH; the latest on a tie), and the `count` tokens that
+    followed it, continued through the match's period where they reach the present.
+    -> (whether there is one: a bool scalar, the tokens [count])."""
+    size = context.shape[0]
+    at = mx.arange(size)
     last = length - 1
-    hit = (at >= min_match - 1) & (at < last)
-    for k in range(min_match):
-        hit = hit & (context[mx.maximum(at - k, 0)] == context[last - k])
-    end = mx.max(mx.where(hit, at, -1))
+    back = mx.arange(MAX_MATCH)[:, None]  # k tokens back from each place and from the end
+    earlier = at[None] - back
+    same = (context[mx.maximum(earlier, 0)] == context[last - back]) & (earlier >= 0)
+    run = mx.sum(mx.cumprod(same.astype(mx.int32), axis=0), axis=0)  # each place's match
+    hit = (run >= min_match) & (at < last)
+    later = mx.cumsum(hit.astype(mx.int32), reverse=True) - hit  # hits after each place
+    score = mx.where(hit & (later < RECENT), run * size + at, -1)
+    end = mx.argmax(score)
     period = mx.maximum(last - end, 1)
     source = end + 1 + mx.arange(count) % period
-    return end >= 0, context[mx.clip(source, 0, context.shape[0] - 1)]
+    return mx.max(score) >= 0, context[mx.clip(source, 0, size - 1)]
 
 
 def build_cycle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any],
