@@ -107,11 +107,18 @@ class Committed:
     draft_base: int
     blocks: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def indices(self, which: int) -> list[int]:
-        base = self.target_base if which == 0 else self.draft_base
+    def target_entries(self) -> list[int]:
+        return self._entries(self.target_base, 0)
+
+    def draft_entries(self) -> list[int]:
+        return self._entries(self.draft_base, 1)
+
+    def _entries(self, base: int, start: int) -> list[int]:
+        """The indices to keep in one cache: its committed base, then each block's kept
+        entries from its start there (`start`: which of a block's two starts)."""
         kept = list(range(base))
         for block in self.blocks:
-            kept += range(block[which], block[which] + block[2])
+            kept += range(block[start], block[start] + block[2])
         return kept
 
 
@@ -259,5 +266,5 @@ def settle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any],
            committed: Committed) -> None:
     """Wait for the queued work, then keep only the committed entries of both caches."""
     mx.eval(cache_arrays(cache, proposer.cache))
-    compact(cache, committed.indices(0))
-    compact(proposer.cache, committed.indices(1))
+    compact(cache, committed.target_entries())
+    compact(proposer.cache, committed.draft_entries())
