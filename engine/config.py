@@ -217,8 +217,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "'auto' cut is off with it; no faster on the H200; default off)")
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
-                        "(whole blocks, llama/qwen2/qwen3 targets; meant for GPUs at "
-                        "checkpoint precision, not yet measured there; default off)")
+                        "(whole blocks: on a CPU add --min-confidence off; llama/qwen2/qwen3 "
+                        "targets; meant for GPUs at checkpoint precision, not yet measured "
+                        "there; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
