@@ -215,13 +215,13 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
     proposer.observe([staged])
     yield Commit([staged], 0)
     emitted, index = 1, 0
-    # The lookup's context on the device (the conversation so far, as the proposer's lookup
-    # holds it): room for every token a reply commits there, even past max_tokens (the host
-    # cuts there), and for the block the queued cycle after it writes.
-    context = list(proposer.lookup.tokens) if proposer.lookup is not None else [staged]
+    # The lookup's context on the device has room for every token a reply commits there,
+    # even past max_tokens (the host cuts there), and for the block the queued cycle after
+    # it writes.
     room = max_tokens + 2 * block_size if proposer.lookup is not None else None
     committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
-    state = Queued.settled(context, committed.target_base, committed.draft_base, room)
+    state = Queued.settled(known_context(proposer, staged), committed.target_base,
+                           committed.draft_base, room)
     flight: InFlight | None = None
     if emitted < max_tokens:
         flight, state = queue_cycle(target, proposer, cache, state, block_size)
@@ -241,7 +241,6 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
                 tokens = tokens[:stop + 1]  # the stop token is yielded, never fed
             # cache entries kept: the staged token and every yielded token but the last
             committed.blocks.append((flight.target_start, flight.draft_start, len(tokens)))
-            context += tokens
             emitted += len(tokens)
             proposer.observe(tokens)
             yield Commit(tokens, min(a, len(tokens)),
@@ -251,20 +250,25 @@ def pipelined_decode(target: TargetAdapter, proposer: DraftProposer, prompt: lis
             if stop is not None or emitted >= max_tokens:
                 break
             if following is None:  # drain: compact, then go on from the committed state
-                settle(target, proposer, cache, committed)
+                settle(proposer, cache, committed)
                 committed = Committed(target.cache_length(cache), proposer.cache[0].offset)
-                state = Queued.settled(context, committed.target_base, committed.draft_base,
-                                       room)
+                state = Queued.settled(known_context(proposer, tokens[-1]),
+                                       committed.target_base, committed.draft_base, room)
                 flight, state = queue_cycle(target, proposer, cache, state, block_size)
             else:
                 flight, state = following
     finally:  # also when the caller stops early (a cancelled reply keeps a usable state)
-        settle(target, proposer, cache, committed)
+        settle(proposer, cache, committed)
 
 
-def settle(target: TargetAdapter, proposer: DraftProposer, cache: list[Any],
-           committed: Committed) -> None:
-    """Wait for the queued work, then keep only the committed entries of both caches."""
-    mx.eval(cache_arrays(cache, proposer.cache))
+def known_context(proposer: DraftProposer, staged: int) -> list[int]:
+    """The tokens a settled state starts from, the staged one last: the lookup's (it holds
+    the conversation so far), else the staged token alone (no lookup to feed)."""
+    return list(proposer.lookup.tokens) if proposer.lookup is not None else [staged]
+
+
+def settle(proposer: DraftProposer, cache: list[Any], committed: Committed) -> None:
+    """Keep only the committed entries of the target's and the draft's caches (evaluating
+    them waits for the queued work that wrote them)."""
     compact(cache, committed.target_entries())
     compact(proposer.cache, committed.draft_entries())
