@@ -397,12 +397,17 @@ class DraftProposer:
         the draft run after the sync, up to rounding: lossless either way."""
         self.append_context(taps)
         self._unsettled = taps.shape[1]
-        block = mx.concatenate([following.reshape(1, 1).astype(mx.int32),
-                                mx.full((1, block_size - 1), self.draft.args.mask_token_id,
-                                        mx.int32)], axis=1)
+        block = self.staged_block(following, block_size)
         hidden = self.draft(self.target.embed(block), self.cache, self._unsettled, accepted + 1)
         self._prefetched = draft_head_logits(self.output_head, hidden)
         mx.async_eval(self._prefetched)
+
+    def staged_block(self, staged: mx.array, size: int) -> mx.array:
+        """The draft's input block [1, size] for a staged token still on the device: the
+        token, then mask tokens."""
+        return mx.concatenate([staged.reshape(1, 1).astype(mx.int32),
+                               mx.full((1, size - 1), self.draft.args.mask_token_id, mx.int32)],
+                              axis=1)
 
     def settle(self, keep: int) -> None:
         """After the sync: keep only the first `keep` of the prefetch's verified positions."""
@@ -468,9 +473,7 @@ class DraftProposer:
         [size - 1]) for its long and its short matches, as `propose` chooses (the short
         match's choice needs the full head). -> (verify input [1, size], whether a repeat
         was taken)."""
-        block = mx.concatenate([staged.reshape(1, 1).astype(mx.int32),
-                                mx.full((1, size - 1), self.draft.args.mask_token_id, mx.int32)],
-                               axis=1)
+        block = self.staged_block(staged, size)
         hidden = self.draft.forward_at(self.target.embed(block), self.cache, position, visible)
         logits = draft_head_logits(self.output_head, hidden)
         tokens = self.output_head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)

@@ -45,12 +45,16 @@ class Oracle:
         if self.base is None:
             self.base = position
         emitted = position - self.base + 1  # staged is reference[emitted - 1]
-        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        a = self._accepts(size)
         drafted = self.reference[emitted:emitted + size - 1]
         drafted += [0] * (size - 1 - len(drafted))  # past the reference: any token will do
         if a < size - 1:
             drafted[a] = (drafted[a] + 1) % self.vocab  # the target's argmax differs here
         return [staged] + drafted
+
+    def _accepts(self, size: int) -> int:
+        """The next cycle's drawn count of right drafts (the wrong one follows them)."""
+        return min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
 
     def on_device(self, staged: mx.array, position: mx.array, size: int) -> mx.array:
         """`__call__` for pipelined cycles, whose `staged` [1] and `position` (a scalar) are
@@ -58,7 +62,7 @@ class Oracle:
         if self.base is None:
             self.base = position
             self._reference = mx.array(self.reference + [0] * size, dtype=mx.int32)
-        a = min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        a = self._accepts(size)
         at = position - self.base + 1 + mx.arange(size - 1)  # staged is reference[at[0] - 1]
         drafted = mx.take(self._reference, mx.minimum(at, self._reference.size - 1))
         if a < size - 1:  # past the reference any token will do, as in __call__
