@@ -73,16 +73,16 @@ class DFlashConfig:
     # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
     # Greedy, pure-attention targets, whole blocks (with it, "auto" means no cut; an explicit
     # cut is refused). A verify then holds R rows of a block: a CPU takes R times as long;
-    # on the H200 a 4x2 tree's verify cost as much as its extra
-    # tokens won (benchmarks/stage19/), so it is off. Lossless: the target verifies every row.
+    # on the H200 a 4x2 tree's verify cost as much as its extra tokens won
+    # (benchmarks/stage19/), so it is off. Lossless: the target verifies every row.
     branches: tuple[int, int] | None = None
     # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
     # queued before this one's commit is read, so that the host's graph building overlaps the
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
     # until they are compacted. Pure-attention targets; the suffix lookup runs on the device.
-    # Rounds
-    # differently from plain decoding (lossless under the near-tie rule, not bit for bit in
-    # float32): meant for GPUs at checkpoint precision; off until a GPU run shows it pays.
+    # Rounds differently from plain decoding (lossless under the near-tie rule, not bit for
+    # bit in float32): meant for GPUs at checkpoint precision; off until a GPU run shows it
+    # pays.
     pipeline: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384

@@ -433,7 +433,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                 target.compile_verify(0)
 
         phases["verify_compiled"] = verify_compiled
-    if rt.pipeline or pipeline_applies(target, draft, cache + dcache, None):
+    if pipeline_applies(target, draft, cache + dcache, None):
         # a whole pipelined cycle (engine/pipeline.py): all of the above and the device
         # lookup (on by default), built in one go
         proposer = DraftProposer(target, draft, head, None, dcache, SuffixLookup())
