@@ -28,10 +28,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from choice_study import reply_blocks, whole_block_runtime  # scripts/ is on the path when run
+from choice_study import reply_blocks, study_sets, whole_block_runtime  # on the path when run
 
-from engine.bench.suites import SUITES, load_prompts
-from engine.train.dataset import Dataset
 from engine.train.objective import walk_cycles
 
 TOP = 4  # choices kept per slot
@@ -115,27 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the study here")
     args = p.parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)
-    sets: dict[str, list[list[dict]]] = {}
-    for suite in sorted(SUITES):
-        prompts, _ = load_prompts(suite=suite, limit=args.limit, pick="spread")
-        sets[suite] = []
-        for prompt in prompts:
-            ids = rt.encode([{"role": "user", "content": prompt.text}])
-            reply = rt.generate(ids, max_tokens=args.max_tokens).tokens
-            sets[suite].append(anchor_rows(draft, rt.target, ids + reply, len(ids)))
-    if args.heldout:
-        data = Dataset.load(Path(args.heldout))
-        sets["heldout"] = [
-            anchor_rows(draft, rt.target, [int(t) for t in data.sequences[i]],
-                        int(data.prompt_lens[i]))
-            for i in range(min(args.heldout_limit, len(data)))]
+    sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
+                      args.heldout_limit)
+    walked = trees(draft.args.block_size)
     result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
               "replies": {k: len(v) for k, v in sets.items()}, "trees": {}, "sets": {}}
-    for name, (_, rows, tokens) in trees(draft.args.block_size).items():
+    for name, (_, rows, tokens) in walked.items():
         result["trees"][name] = {"rows": rows, "tree_tokens": tokens}
     for name, replies in sets.items():
-        found = {tree: pooled(replies, run)
-                 for tree, (run, _, _) in trees(draft.args.block_size).items()}
+        found = {tree: pooled(replies, run) for tree, (run, _, _) in walked.items()}
         result["sets"][name] = found
         print(f"{name:9s} ({len(replies)} replies)  " + "  ".join(
             f"{k} {v:.2f}" for k, v in found.items()), flush=True)

@@ -73,6 +73,27 @@ def whole_block_runtime(folder: str) -> tuple:
     return draft, DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
 
 
+def study_sets(draft, rt, rows_of, limit: int, max_tokens: int, heldout: str | None = None,
+               heldout_limit: int = 0) -> dict[str, list[list[dict]]]:
+    """Set name -> per reply, `rows_of(draft, target, tokens, prompt_len)`: the held-out
+    answers in `heldout` (its first `heldout_limit`), then each suite's greedy replies to
+    `limit` of its prompts, spread over its categories (every study's sets)."""
+    sets: dict[str, list[list[dict]]] = {}
+    if heldout:
+        data = Dataset.load(Path(heldout))
+        sets["heldout"] = [rows_of(draft, rt.target, [int(t) for t in data.sequences[i]],
+                                   int(data.prompt_lens[i]))
+                           for i in range(min(heldout_limit, len(data)))]
+    for suite in sorted(SUITES):
+        prompts, _ = load_prompts(suite=suite, limit=limit)
+        sets[suite] = []
+        for prompt in prompts:
+            ids = rt.encode([{"role": "user", "content": prompt.text}])
+            reply = rt.generate(ids, max_tokens=max_tokens).tokens
+            sets[suite].append(rows_of(draft, rt.target, ids + reply, len(ids)))
+    return sets
+
+
 def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
     """Per reply anchor: draft run `d`, repeat run `r` (None: no match), match length `m`,
     the draft's probabilities of its top tokens `top` and of the repeat's tokens `rep`."""
@@ -144,23 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", required=True, help="draft folder")
     p.add_argument("--heldout", required=True, help="held-out answers (a Dataset .npz)")
     p.add_argument("--heldout-limit", type=int, default=200)
-    p.add_argument("--limit", type=int, default=8, help="first N prompts of each suite")
+    p.add_argument("--limit", type=int, default=8,
+                   help="N prompts of each suite, spread over its categories")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--json", help="write the study here")
     args = p.parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)
-    sets: dict[str, list[list[dict]]] = {"heldout": []}
-    data = Dataset.load(Path(args.heldout))
-    for i in range(min(args.heldout_limit, len(data))):
-        seq = [int(t) for t in data.sequences[i]]
-        sets["heldout"].append(anchor_rows(draft, rt.target, seq, int(data.prompt_lens[i])))
-    for suite in sorted(SUITES):
-        prompts, _ = load_prompts(suite=suite, limit=args.limit)
-        sets[suite] = []
-        for prompt in prompts:
-            ids = rt.encode([{"role": "user", "content": prompt.text}])
-            reply = rt.generate(ids, max_tokens=args.max_tokens).tokens
-            sets[suite].append(anchor_rows(draft, rt.target, ids + reply, len(ids)))
+    sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
+                      args.heldout_limit)
     result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
               "min_match": MIN_MATCH, "short_match": SuffixLookup().short_match,
               "replies": {k: len(v) for k, v in sets.items()}, "sets": {}}
