@@ -8,9 +8,8 @@ import argparse
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from test_cycle_sync import load, reads_per_cycle
-from tiny_pairs import TruthOracle, cache_states
+from tiny_pairs import TruthOracle, cache_states, plain_greedy
 
 from engine import DFlashConfig
 from engine.config import add_engine_args, config_from_args
@@ -83,7 +82,7 @@ def test_a_kept_branch_leaves_the_caches_of_plain_decoding(tiny_pairs, family, m
     monkeypatch.setattr(cpu_swiglu, "library", lambda: None)
     rt = load(tiny_pairs, family)
     ids = rt.encode("Hello world")
-    truth_gen = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=70)]
+    truth_gen = plain_greedy(rt.model, ids, 70)
     cache, oracle = rt.target.make_cache(), TreeOracle(rt, ids + truth_gen)
     per_cycle, tokens = reads_per_cycle(speculative_decode(rt.target, oracle, ids, 64, 16, 512,
                                                            cache))
@@ -111,7 +110,7 @@ def test_draft_trees_stay_greedy(tiny_pairs, family):
     rt.target.keep_row = lambda cache, row: (kept.append(int(row)), keep_row(cache, row))[1]
     for prompt in ("Hello world", "def add(a, b):"):
         ids = rt.encode(prompt)
-        want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=100)]
+        want = plain_greedy(rt.model, ids, 100)
         out = rt.generate(ids, max_tokens=100, no_eos=True)
         assert out.tokens == want
     assert kept and max(kept) < 1 + 4 * 2  # every drafted cycle verified a tree of 9 rows

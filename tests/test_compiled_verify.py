@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from test_cycle_sync import load
+from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig
 from engine.errors import ConfigError
@@ -56,7 +56,7 @@ def test_compiled_cycles_stay_greedy_and_trace_once_per_capacity(tiny_pairs, fam
     rt = load(tiny_pairs, family, compiled_verify=True)
     assert rt.describe()["compiled_verify"] is True
     ids = rt.encode("Hello world")
-    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=300)]
+    want = plain_greedy(rt.model, ids, 300)
     out = rt.generate(ids, max_tokens=300, no_eos=True)
     assert out.tokens == want and out.cycles > 5
     (compiled,) = rt.target._compiled.values()
@@ -68,7 +68,7 @@ def test_compiled_verifies_with_the_other_gpu_options_stay_greedy(tiny_pairs):
     described = rt.describe()
     assert described["compiled_verify"] and described["prefetch_draft"]
     ids = rt.encode("def add(a, b):")
-    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=120)]
+    want = plain_greedy(rt.model, ids, 120)
     out = rt.generate(ids, max_tokens=120, no_eos=True)
     assert out.tokens == want and out.cycles > 5
 
@@ -83,7 +83,7 @@ def test_cut_verifies_mix_both_forwards_and_sampling_runs(tiny_pairs, monkeypatc
         lengths.append(tokens.shape[1] if self._verifying else 0), forward(self, tokens, *a,
                                                                            **k))[1])
     ids = rt.encode("What is 12 times 7?")
-    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=120)]
+    want = plain_greedy(rt.model, ids, 120)
     out = rt.generate(ids, max_tokens=120, no_eos=True)
     assert out.tokens == want
     assert 16 in lengths and any(1 < n < 16 for n in lengths)  # both kinds of verify

@@ -10,8 +10,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.generate import generate_step
-from tiny_pairs import CORPUS
+from tiny_pairs import CORPUS, plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.kernels import cpu_native, cpu_softmax
@@ -169,7 +168,7 @@ def test_engine_with_the_kernel_forced_on_equals_mlx_lm_greedy(tiny_pairs, kerne
     assert result.speculative and result.cycles > 0
     assert len(calls) > result.cycles  # prefill chunks and verifies ran through the kernel
     assert max(shape[-1] for shape in calls) >= len(ids)  # the whole prompt as keys
-    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=60)]
+    want = plain_greedy(rt.model, ids, 60)
     assert result.tokens == want
 
 
@@ -187,7 +186,7 @@ def test_missing_compiler_falls_back_to_mlx(tiny_pairs, monkeypatch, tmp_path):
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
         dtype="float32", min_draft_confidence=None))
     ids = rt.encode("The quick brown fox jumps over the lazy dog.")
-    want = [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=30)]
+    want = plain_greedy(rt.model, ids, 30)
     assert rt.generate(ids, max_tokens=30, no_eos=True).tokens == want
 
 

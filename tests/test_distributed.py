@@ -18,8 +18,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from sharded_rank import CHAT_FAMILIES, ERROR_AT, ORACLE_TOKENS, TOKENS
+from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.distributed import Lockstep, check_shardable, init_group
@@ -100,14 +100,10 @@ def sharded(tiny_pairs, tmp_path_factory):
     return reports, whole
 
 
-def greedy(rt, ids: list[int], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=n)]
-
-
 def assert_same_or_near_tie(rt, ids: list[int], got: list[int], what: str) -> None:
     """`got` (sharded) equals the whole target's greedy output, or first differs where the
     whole target's top two logits are within NEAR_TIE (then reported, not failed)."""
-    want = greedy(rt, ids, len(got))
+    want = plain_greedy(rt.model, ids, len(got))
     if got == want:
         return
     i = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)

@@ -10,6 +10,7 @@ import shutil
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, propose, speculative_decode
@@ -76,12 +77,6 @@ def test_build_draft_head_is_top_k_plus_the_prompt(tiny_pairs):
         assert full.token_ids(mx.array([7])).tolist() == [7]
 
 
-def greedy(target, ids, n):
-    from mlx_lm.generate import generate_step
-
-    return [int(t) for t, _ in generate_step(mx.array(ids), target.model, max_tokens=n)]
-
-
 def small_subset(target, truth):
     """A subset holding only every third token the target writes: most proposals miss."""
     seen = sorted(set(truth))
@@ -97,7 +92,7 @@ def test_subset_head_is_lossless_and_proposes_only_subset_tokens(tiny_pairs, fam
                                        config=DFlashConfig(min_draft_confidence=None))
     target, draft = rt.target, rt.draft
     ids = rt.encode("What is 12 times 7?")
-    want = greedy(target, ids, 80)
+    want = plain_greedy(target.model, ids, 80)
     head, keep = small_subset(target, want)
     outside = [t for t in want if t not in keep]
     assert len(outside) > len(want) // 3  # the target often writes tokens the draft cannot
@@ -125,7 +120,7 @@ def test_subset_indices_map_back_to_token_ids(tiny_pairs):
     rt = DFlashRuntime.from_pretrained(model=str(target_dir), draft=str(draft_dir),
                                        config=DFlashConfig(min_draft_confidence=None))
     ids = rt.encode("What is 12 times 7?")
-    want = greedy(rt.target, ids, 80)
+    want = plain_greedy(rt.target.model, ids, 80)
     subset = mx.array(sorted(set(want)), dtype=mx.int32)
     assert subset.size == 2 and subset.tolist() != [0, 1]
     head = DraftHead(rt.target, subset, rt.target.head_rows(subset))
@@ -204,7 +199,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
         assert rt.draft_vocab == rt.describe()["draft_vocab"] == effective
         ids = rt.encode("def add(a, b):")
         result = rt.generate(ids, max_tokens=40, no_eos=True)
-        assert result.speculative and result.tokens == greedy(rt.target, ids, 40)
+        assert result.speculative and result.tokens == plain_greedy(rt.target.model, ids, 40)
         want = None if effective is None else sorted(set(ranking[:effective]) | set(ids))
         assert (heads[-1].ids.tolist() if heads[-1].ids is not None else None) == want
     # a draft without a ranking (the fixture's own): the full head, whatever the setting

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
-from tiny_pairs import REPEATING, TruthOracle, cache_states
+from tiny_pairs import REPEATING, TruthOracle, cache_states, plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, speculative_decode
@@ -25,10 +24,6 @@ def load(tiny_pairs, family, mixing=1.0, **config):
                                          config=DFlashConfig(**config))
 
 
-def mlx_lm_greedy(rt, ids, n):
-    return [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=n)]
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
     rt = load(tiny_pairs, family)
@@ -36,7 +31,7 @@ def test_speculative_equals_mlx_lm_greedy(tiny_pairs, family):
         ids = rt.encode(prompt)
         result = rt.generate(ids, max_tokens=200, no_eos=True)
         assert result.speculative and result.cycles > 0
-        assert result.tokens == mlx_lm_greedy(rt, ids, 200), prompt
+        assert result.tokens == plain_greedy(rt.model, ids, 200), prompt
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,7 +42,7 @@ def test_looked_up_proposals_stay_lossless(tiny_pairs, family):
     ids = rt.encode("one two one two one two")
     result = rt.generate(ids, max_tokens=200, no_eos=True)
     assert result.lookup_cycles > 0
-    assert result.tokens == mlx_lm_greedy(rt, ids, 200)
+    assert result.tokens == plain_greedy(rt.model, ids, 200)
     off = load(tiny_pairs, family, REPEATING, lookup_min_match=None).generate(ids, 200,
                                                                               no_eos=True)
     assert off.lookup_cycles == 0 and off.tokens == result.tokens
@@ -75,7 +70,7 @@ def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkey
     ids = rt.encode("one two three one two three four one two three one two")
     result = rt.generate(ids, max_tokens=120, no_eos=True)
     assert choices and set(choices) == {odds == 0.0}
-    assert result.tokens == mlx_lm_greedy(rt, ids, 120)
+    assert result.tokens == plain_greedy(rt.model, ids, 120)
 
 
 def test_choose_proposal_takes_the_repeat_or_the_drafts(tiny_pairs, monkeypatch):
@@ -125,14 +120,14 @@ def test_small_blocks_and_chunked_prefill_stay_lossless(tiny_pairs, family, bloc
     ids = rt.encode("The quick brown fox jumps over the lazy dog.")
     result = rt.generate(ids, max_tokens=60, no_eos=True)
     assert max(result.cycle_tokens) <= block_size
-    assert result.tokens == mlx_lm_greedy(rt, ids, 60)
+    assert result.tokens == plain_greedy(rt.model, ids, 60)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_oracle_every_accept_length_commits_right_tokens_and_caches(tiny_pairs, family):
     rt = load(tiny_pairs, family)
     ids = rt.encode("Speculative decoding drafts tokens.")
-    truth_gen = mlx_lm_greedy(rt, ids, 70)
+    truth_gen = plain_greedy(rt.model, ids, 70)
     truth = ids + truth_gen  # truth[position] is the token at that position
     for error_at in list(range(16)) + [16]:  # 16: every draft right (full acceptance)
         cache, oracle = rt.target.make_cache(), TruthOracle(rt, truth, error_at)
@@ -180,7 +175,6 @@ def test_stream_spans_mark_draft_and_target_tokens(tiny_pairs):
     assert result.acceptance_rate == pytest.approx(1 - result.cycles / result.total_tokens)
 
 
-
 def test_streamed_text_keeps_the_null_byte_like_decode(tiny_pairs):
     """mlx-lm's BPE streaming detokenizer reads byte 0 as "not a byte" and streamed the
     placeholder "\u0100" where decode gives "\x00": a served reply then differed from the
@@ -197,7 +191,7 @@ def test_streamed_text_keeps_the_null_byte_like_decode(tiny_pairs):
 def test_eos_stops_and_is_not_emitted(tiny_pairs):
     rt = load(tiny_pairs, "qwen3")
     ids = rt.encode("Hello world")
-    free = mlx_lm_greedy(rt, ids, 40)
+    free = plain_greedy(rt.model, ids, 40)
     eos = free[7]
     rt.tokenizer._eos_token_ids = {eos}
     try:
@@ -213,14 +207,14 @@ def test_max_ctx_fallback_decodes_with_target_alone(tiny_pairs):
     ids = rt.encode("Hello world")
     result = rt.generate(ids, max_tokens=40, no_eos=True)
     assert not result.speculative and "max_ctx" in result.fallback_reason
-    assert result.cycles == 0 and result.tokens == mlx_lm_greedy(rt, ids, 40)
+    assert result.cycles == 0 and result.tokens == plain_greedy(rt.model, ids, 40)
 
 
 def test_plain_mode_is_mlx_lm_greedy(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     ids = rt.encode("Hello world")
     result = rt.generate(ids, max_tokens=25, no_eos=True, speculative=False)
-    assert not result.speculative and result.tokens == mlx_lm_greedy(rt, ids, 25)
+    assert not result.speculative and result.tokens == plain_greedy(rt.model, ids, 25)
 
 
 def test_chat_messages_use_the_template(tiny_pairs):
@@ -235,7 +229,7 @@ def test_chat_messages_use_the_template(tiny_pairs):
 def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family):
     rt = load(tiny_pairs, family)
     ids = rt.encode("Hello world")
-    want = mlx_lm_greedy(rt, ids, 60)
+    want = plain_greedy(rt.model, ids, 60)
     sizes = {}
     for cut in (1e-12, 0.5, 1.0):
         proposer = DraftProposer(rt.target, rt.draft, min_confidence=cut)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.generate import generate_step
 from test_cycle_sync import load, reads_per_cycle
+from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig
 from engine.cycle import DraftProposer, prefill, speculative_decode
@@ -16,10 +16,6 @@ from engine.errors import ConfigError
 from engine.lookup import SuffixLookup
 from engine.pipeline import DRAIN_EVERY, looked_up, pipeline_applies, pipelined_decode
 from engine.runtime import DFlashRuntime
-
-
-def plain(rt, ids: list[int], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(ids), rt.model, max_tokens=n)]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -30,7 +26,7 @@ def test_pipelined_cycles_are_greedy_and_leave_the_caches_of_plain_cycles(tiny_p
     rt = load(tiny_pairs, family)
     ids = rt.encode("Hello world")
     n = 3 * DRAIN_EVERY  # drains twice on the way
-    want = plain(rt, ids, n)
+    want = plain_greedy(rt.model, ids, n)
     proposer = DraftProposer(rt.target, rt.draft)
     cache = rt.target.make_cache()
     assert pipeline_applies(rt.target, rt.draft, [*cache, *proposer.cache], None)
@@ -57,7 +53,7 @@ def test_pipelined_cycles_are_greedy_and_leave_the_caches_of_plain_cycles(tiny_p
 def test_a_stop_token_ends_the_reply_and_is_not_fed(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     ids = rt.encode("Hello world")
-    want = plain(rt, ids, 40)
+    want = plain_greedy(rt.model, ids, 40)
     stop = want[23]
     end = want.index(stop)
     proposer = DraftProposer(rt.target, rt.draft)
@@ -76,7 +72,7 @@ def test_max_tokens_is_exact(tiny_pairs, n):
     cache = rt.target.make_cache()
     tokens = [t for c in pipelined_decode(rt.target, proposer, ids, n, 16, 512, cache=cache)
               for t in c.tokens]
-    assert tokens == plain(rt, ids, n)
+    assert tokens == plain_greedy(rt.model, ids, n)
     assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + n - 1
 
 
@@ -102,7 +98,7 @@ def test_the_runtime_pipelines_greedy_whole_blocks_only(tiny_pairs):
     rt = load(tiny_pairs, "llama", pipeline=True)
     assert rt.describe()["pipeline"] is True
     result = rt.generate("Hello world", max_tokens=30, no_eos=True)
-    assert result.tokens == plain(rt, rt.encode("Hello world"), 30)
+    assert result.tokens == plain_greedy(rt.model, rt.encode("Hello world"), 30)
     # sampled replies and the sharded or recurrent targets keep the plain cycles
     sampled = rt.generate("Hello world", max_tokens=8, temperature=0.7, seed=1)
     assert len(sampled.tokens) == 8
@@ -153,7 +149,7 @@ def test_pipelined_cycles_propose_repeats_from_the_device_lookup(tiny_pairs):
         rt = DFlashRuntime.from_pretrained(str(target), str(draft), DFlashConfig(
             min_draft_confidence=None, lookup_min_match=lookup, pipeline=True))
         commits = list(rt._speculative(ids, n, 16, False, None, []))
-        assert [t for c in commits for t in c.tokens] == plain(rt, ids, n)
+        assert [t for c in commits for t in c.tokens] == plain_greedy(rt.model, ids, n)
         cycles = [c.cycle for c in commits if c.cycle is not None]
         runs[lookup] = (sum(c.looked_up for c in cycles), (n - 1) / len(cycles))
     assert runs[5][0] > 0 and runs[None][0] == 0
@@ -170,7 +166,7 @@ def test_a_reply_closed_early_leaves_compacted_caches(tiny_pairs):
     commits = pipelined_decode(rt.target, proposer, ids, 60, 16, 512, cache=cache)
     got = [t for _ in range(5) for t in next(commits).tokens]
     commits.close()
-    assert got == plain(rt, ids, len(got))
+    assert got == plain_greedy(rt.model, ids, len(got))
     assert rt.target.cache_length(cache) == proposer.cache[0].offset == len(ids) + len(got) - 1
 
 

@@ -175,6 +175,13 @@ class TruthOracle(DraftProposer):
         return mx.array([[staged] + drafted])
 
 
+def plain_greedy(model: nn.Module, ids: list[int], n: int) -> list[int]:
+    """mlx-lm's own greedy decoding of `n` tokens after `ids`: what lossless output equals."""
+    from mlx_lm.generate import generate_step
+
+    return [int(t) for t, _ in generate_step(mx.array(ids), model, max_tokens=n)]
+
+
 def cache_states(cache):
     """Comparable arrays of a target cache: KV up to its offset, recurrent states whole."""
     from mlx_lm.models.cache import KVCache
