@@ -24,15 +24,14 @@
 #                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
 #                each of VARIANTS (default "off pipeline prefetch-stream": nothing, --pipeline
 #                on, --prefetch-draft on with --stream-verify EVERY (default 6); also
-#                "prefetch", "stream": each alone, "compiled":
-#                --compiled-verify on, "all": prefetch + compiled, "tree": --branches TREE
-#                (default 4x2), "tree-all": the tree with prefetch + compiled; the stage-19
-#                session measured compiled, tree and tree-all: none paid, benchmarks/stage19/)
-#                the oracle rows at ORACLE_KS (default "8 4";
-#                ORACLE=0 skips them; never for trees: the oracle proposes one row) and the
-#                suites in SUITES (default mt-bench), -<variant> in the file names. All may not
-#                fit one 10-minute call: split VARIANTS over calls on one machine (KERNELS=0
-#                after the first)
+#                "prefetch", "stream": each alone, "compiled": --compiled-verify on, "all":
+#                prefetch + compiled, "tree": --branches TREE (default 4x2), "tree-all": the
+#                tree with prefetch + compiled; the stage-19 session measured compiled, tree
+#                and tree-all: none paid, benchmarks/stage19/) the oracle rows at ORACLE_KS
+#                (default "8 4"; ORACLE=0 skips them; never for trees: the oracle proposes one
+#                row) and the suites in SUITES (default mt-bench), -<variant> in the file
+#                names. All may not fit one 10-minute call: split VARIANTS over calls on one
+#                machine (KERNELS=0 after the first)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
