@@ -22,16 +22,18 @@
 #                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
 #   PART=overlap issue 13's host-cost A/B: a first short run builds the kernels (a fresh machine
 #                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
-#                each of VARIANTS (default "off pipeline prefetch-stream": nothing, --pipeline
-#                on, --prefetch-draft on with --stream-verify EVERY (default 6); also
-#                "prefetch", "stream": each alone, "compiled": --compiled-verify on, "all":
-#                prefetch + compiled, "tree": --branches TREE (default 4x2), "tree-all": the
-#                tree with prefetch + compiled; the stage-19 session measured compiled, tree
-#                and tree-all: none paid, benchmarks/stage19/) the oracle rows at ORACLE_KS
-#                (default "8 4"; ORACLE=0 skips them; never for trees: the oracle proposes one
-#                row) and the suites in SUITES (default mt-bench), -<variant> in the file
-#                names. All may not fit one 10-minute call: split VARIANTS over calls on one
-#                machine (KERNELS=0 after the first)
+#                each of VARIANTS (default "defaults off": the engine's GPU defaults, which
+#                queue the next draft early and stream each forward every 6 layers, and none
+#                of the options; also "prefetch", "stream": each alone, "prefetch-stream":
+#                both with --stream-verify EVERY (default 6), "compiled": --compiled-verify on,
+#                "pipeline": --pipeline on, "all": prefetch + compiled, "tree": --branches
+#                TREE (default 4x2), "tree-all": the tree with prefetch + compiled; the
+#                stage-19 and stage-20 sessions measured compiled, tree, tree-all, pipeline and
+#                prefetch-stream: only the last paid, benchmarks/stage19/, stage20/) the oracle
+#                rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them; never for trees: the
+#                oracle proposes one row) and the suites in SUITES (default mt-bench),
+#                -<variant> in the file names. All may not fit one 10-minute call: split
+#                VARIANTS over calls on one machine (KERNELS=0 after the first)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -103,17 +105,19 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
   if [[ ${KERNELS:-1} == 1 ]]; then
     BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64 --compiled-verify on  # kernels
   fi
-  for v in ${VARIANTS:-off pipeline prefetch-stream}; do
+  none="--prefetch-draft off --stream-verify off"  # the GPU defaults turn both on
+  for v in ${VARIANTS:-defaults off}; do
     case $v in
-      off) a="" ;;
-      prefetch) a="--prefetch-draft on" ;;
-      stream) a="--stream-verify ${EVERY:-6}" ;;
-      compiled) a="--compiled-verify on" ;;
+      defaults) a="" ;;
+      off) a="$none" ;;
+      prefetch) a="--prefetch-draft on --stream-verify off" ;;
+      stream) a="--prefetch-draft off --stream-verify ${EVERY:-6}" ;;
+      compiled) a="$none --compiled-verify on" ;;
       prefetch-stream) a="--prefetch-draft on --stream-verify ${EVERY:-6}" ;;
-      pipeline) a="--pipeline on" ;;
-      all) a="--prefetch-draft on --compiled-verify on" ;;
-      tree) a="--branches ${TREE:-4x2}" ;;
-      tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --compiled-verify on" ;;
+      pipeline) a="$none --pipeline on" ;;
+      all) a="--prefetch-draft on --stream-verify off --compiled-verify on" ;;
+      tree) a="$none --branches ${TREE:-4x2}" ;;
+      tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --stream-verify off --compiled-verify on" ;;
       *) echo "unknown variant $v" >&2; continue ;;
     esac
     if [[ ${ORACLE:-1} == 1 && $v != tree* ]]; then  # the oracle proposes one row

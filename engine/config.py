@@ -17,6 +17,8 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
 MAX_BRANCH_CHOICES = 8
+# --stream-verify auto's layer count on GPUs and Metal (the one measured on the H200)
+GPU_STREAM_EVERY = 6
 
 
 @dataclass
@@ -53,14 +55,15 @@ class DFlashConfig:
     # Queue each cycle's next draft forward before the cycle's one host sync, on the verify's
     # outputs still on the device, so that the device can draft while the host reads the
     # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
-    # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. Off until
-    # a GPU run shows it pays. Lossless: the target verifies every proposal.
-    prefetch_draft: bool = False
+    # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. "auto": on
+    # GPUs and Metal, off on CPU, where nothing overlaps. Lossless: the target verifies every
+    # proposal.
+    prefetch_draft: bool | str = "auto"
     # Queue each target forward's work every N decoder layers while the host builds the rest
     # of its graph (mx.async_eval), so that the device starts on the first layers instead of
-    # idling until the whole verify is built. Meant for GPUs and Metal; off (None) until a GPU
-    # run shows it pays. The same graph either way: the output does not change.
-    stream_verify: int | None = None
+    # idling until the whole verify is built. "auto": every GPU_STREAM_EVERY layers on GPUs
+    # and Metal, off on CPU. The same graph either way: the output does not change.
+    stream_verify: int | str | None = "auto"
     # Run each full-block verify of a pure-attention target (llama, qwen2, qwen3, mistral) as
     # one compiled forward over its KV cache's whole buffer (engine/targets/compiled_verify.py):
     # the host builds no graph per verify and the device runs fused kernels. Its rounding
@@ -81,8 +84,8 @@ class DFlashConfig:
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
     # until they are compacted. Pure-attention targets; the suffix lookup runs on the device.
     # Rounds differently from plain decoding (lossless under the near-tie rule, not bit for
-    # bit in float32): meant for GPUs at checkpoint precision; off until a GPU run shows it
-    # pays.
+    # bit in float32). Off: on the H200 its masked verify cost more than the overlap saved
+    # (benchmarks/stage20/).
     pipeline: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
@@ -136,9 +139,9 @@ class DFlashConfig:
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 2):
             raise ConfigError(f"lookup_min_match={m!r}: use a token count of at least 2, or "
                               "None (no lookup: the draft proposes every cycle)")
-        if not isinstance(self.prefetch_draft, bool):
+        if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
-                              "next draft forward before each cycle's sync) or False")
+                              "next draft forward before each cycle's sync), False or 'auto'")
         if not isinstance(self.pipeline, bool):
             raise ConfigError(f"pipeline={self.pipeline!r}: use True (queue each cycle before "
                               "the last one's commit is read) or False")
@@ -158,9 +161,11 @@ class DFlashConfig:
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
         sv = self.stream_verify
-        if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
+        if sv != "auto" and sv is not None and (
+                not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
             raise ConfigError(f"stream_verify={sv!r}: use a layer count of at least 1 (queue "
-                              "the forward's work every that many layers) or None (off)")
+                              "the forward's work every that many layers), 'auto' or None "
+                              "(off)")
         if self.chat_template_args is not None and not isinstance(self.chat_template_args, dict):
             raise ConfigError(f"chat_template_args={self.chat_template_args!r}: use a dict of "
                               "template keyword arguments, e.g. {'enable_thinking': False}")
@@ -175,6 +180,18 @@ class DFlashConfig:
             cut = backend == "cpu" and self.branches is None
             return DEFAULT_MIN_CONFIDENCE if cut else None
         return self.min_draft_confidence  # type: ignore[return-value]
+
+    def prefetch_for(self, backend: str) -> bool:
+        """Whether greedy whole-block cycles queue their next draft early on a backend."""
+        if self.prefetch_draft == "auto":
+            return backend != "cpu"
+        return bool(self.prefetch_draft)
+
+    def stream_every_for(self, backend: str) -> int | None:
+        """Every how many layers a forward's work is queued on a backend; None: at its end."""
+        if self.stream_verify == "auto":
+            return None if backend == "cpu" else GPU_STREAM_EVERY
+        return self.stream_verify  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
         """The draft's top-K token count for a backend, "auto" resolved; None: full head."""
@@ -198,14 +215,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-padding", choices=["on", "off"], default="on",
                    help="with the verify cut on, verify the cheapest length at or above the "
                         "cut's, measured once per machine (default on); 'off': the cut's own")
-    p.add_argument("--prefetch-draft", choices=["on", "off"], default="off",
+    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
                    help="queue the next cycle's draft forward before the cycle's host sync "
-                        "(greedy, whole blocks: on a CPU add --min-confidence off; meant for "
-                        "GPUs, not yet measured there; default off)")
-    p.add_argument("--stream-verify", type=layers_arg, default=None, metavar="N|off",
+                        "(greedy, whole blocks: on a CPU add --min-confidence off); 'auto' "
+                        "(default): on GPUs and Metal, off on CPU")
+    p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
                    help="queue each target forward's work every N layers while the rest of "
-                        "its graph is built, so a GPU starts early (meant for GPUs, not yet "
-                        "measured there; default off)")
+                        "its graph is built, so a GPU starts early; 'auto' (default): "
+                        f"{GPU_STREAM_EVERY} on GPUs and Metal, off on CPU")
     p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
                    help="run each full-block verify of a llama/qwen2/qwen3 target as one "
                         "compiled forward (meant for GPUs at checkpoint precision: it rounds "
@@ -218,8 +235,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
                         "(whole blocks: on a CPU add --min-confidence off; llama/qwen2/qwen3 "
-                        "targets; meant for GPUs at checkpoint precision, not yet measured "
-                        "there; default off)")
+                        "targets; meant for GPUs at checkpoint precision; slower on the "
+                        "H200; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -297,7 +314,8 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
-                        prefetch_draft=args.prefetch_draft == "on",
+                        prefetch_draft={"on": True, "off": False}.get(args.prefetch_draft,
+                                                                      "auto"),
                         stream_verify=args.stream_verify,
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, pipeline=args.pipeline == "on",
@@ -345,9 +363,9 @@ def lookup_arg(text: str) -> int | None:
     return _count_or_off(text, 2, "token")
 
 
-def layers_arg(text: str) -> int | None:
-    """argparse type for --stream-verify: a layer count of at least 1, or 'off'."""
-    return _count_or_off(text, 1, "layer")
+def stream_arg(text: str) -> int | str | None:
+    """argparse type for --stream-verify: a layer count of at least 1, 'auto' or 'off'."""
+    return _auto_off_or(text, int, lambda v: v >= 1, "a layer count of at least 1")
 
 
 def branches_arg(text: str) -> tuple[int, int] | None:

@@ -64,7 +64,7 @@ class DFlashRuntime:
             # blocks.
             self.min_confidence = None
         # Greedy whole-block cycles queue their next draft forward before their sync
-        self.prefetch_draft = (self.config.prefetch_draft and lockstep is None
+        self.prefetch_draft = (self.config.prefetch_for(device.current()) and lockstep is None
                                and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
         # Trees of proposals: greedy whole blocks on a target that verifies rows
@@ -76,7 +76,8 @@ class DFlashRuntime:
                                               [*self.target.make_cache(), *draft.make_cache()],
                                               self.min_confidence))
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
-        self.target.launch_every = (self.config.stream_verify or 0) if lockstep is None else 0
+        self.target.launch_every = ((self.config.stream_every_for(device.current()) or 0)
+                                    if lockstep is None else 0)
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.

@@ -92,7 +92,10 @@ def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, mo
 
 
 def test_prefetch_is_an_option_checked_once(tiny_pairs):
-    assert not DFlashConfig().prefetch_draft
+    assert DFlashConfig().prefetch_draft == "auto"
+    assert not DFlashConfig().prefetch_for("cpu")  # nothing to overlap with on a CPU
+    assert DFlashConfig().prefetch_for("cuda") and DFlashConfig().prefetch_for("metal")
+    assert not DFlashConfig(prefetch_draft=False).prefetch_for("cuda")
     assert not load(tiny_pairs, "llama").describe()["prefetch_draft"]
     assert not load(tiny_pairs, "llama", prefetch_draft=True,
                     min_draft_confidence=0.4).describe()["prefetch_draft"]  # the cut reads first

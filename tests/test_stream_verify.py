@@ -10,7 +10,7 @@ from test_cycle_sync import load
 from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig
-from engine.config import add_engine_args, config_from_args
+from engine.config import GPU_STREAM_EVERY, add_engine_args, config_from_args
 from engine.errors import ConfigError
 
 
@@ -63,8 +63,23 @@ def test_streamed_cycles_stay_greedy(tiny_pairs, family):
     assert out.tokens == want and out.cycles > 1
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_the_gpu_defaults_together_stay_greedy(tiny_pairs, family):
+    """What 'auto' turns on for GPUs (whole blocks, the draft prefetched, forwards streamed),
+    run here on the CPU: still plain greedy decoding."""
+    rt = load(tiny_pairs, family, prefetch_draft=True, stream_verify=GPU_STREAM_EVERY)
+    assert rt.describe()["prefetch_draft"] and rt.target.launch_every == GPU_STREAM_EVERY
+    ids = rt.encode("Once upon a time")
+    out = rt.generate(ids, max_tokens=48, no_eos=True)
+    assert out.tokens == plain_greedy(rt.model, ids, 48) and out.cycles > 1
+
+
 def test_stream_verify_is_an_option_checked_once(tiny_pairs):
-    assert DFlashConfig().stream_verify is None
+    assert DFlashConfig().stream_verify == "auto"
+    assert DFlashConfig().stream_every_for("cpu") is None
+    assert DFlashConfig().stream_every_for("cuda") == GPU_STREAM_EVERY
+    assert DFlashConfig(stream_verify=None).stream_every_for("metal") is None
+    assert DFlashConfig(stream_verify=3).stream_every_for("cpu") == 3
     assert load(tiny_pairs, "llama").describe()["stream_verify"] is None
     for bad in (0, -2, True, "4", 1.5):
         with pytest.raises(ConfigError, match="stream_verify"):
@@ -78,7 +93,8 @@ def test_the_stream_verify_flag(capsys):
     add_engine_args(parser)
     assert config_from_args(parser.parse_args(["--stream-verify", "6"])).stream_verify == 6
     assert config_from_args(parser.parse_args(["--stream-verify", "off"])).stream_verify is None
-    assert config_from_args(parser.parse_args([])).stream_verify is None
+    assert config_from_args(parser.parse_args([])).stream_verify == "auto"
+    assert config_from_args(parser.parse_args(["--stream-verify", "auto"])).stream_verify == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["--stream-verify", "0"])
     assert "layer count of at least 1" in capsys.readouterr().err
