@@ -36,6 +36,7 @@ from engine.train.objective import (
     anchor_runs,
     block_loss,
     context_mask,
+    forward_parts,
     make_batch,
     slot_logits,
     slot_weights,
@@ -322,6 +323,22 @@ def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair)
     assert mx.allclose(half, (hard + uniform) / 2, rtol=1e-5)
 
 
+def test_the_profiled_forward_parts_end_in_the_training_loss(pair):
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    rng = np.random.default_rng(1)
+    data = Dataset([rng.integers(4, 300, size=50).tolist() for _ in range(2)], [6] * 2)
+    batch = make_batch(data, range(2), 8, draft.args.block_size, draft.args.mask_token_id, rng)
+    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+    w = slot_weights(draft.args.block_size, 7.0)
+    parts = dict(forward_parts(draft, target, batch, taps, w, target.lm_head))
+    assert list(parts) == ["forward_draft_layers", "forward_head", "forward_loss"]
+    N, A, K = batch.labels.shape
+    assert parts["forward_head"].shape == (N, A, K, target.vocab_size)
+    assert mx.array_equal(parts["forward_loss"], block_loss(draft, target, batch, taps, w))
+
+
 def test_distill_share_is_checked_and_trains(pair, tmp_path, capsys):
     target_dir, *_ = pair
     for bad in ("1.5", "-0.1", "half"):
@@ -403,7 +420,9 @@ def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
     run = tiny_run(target_dir, tmp_path)
 
     whole = run("whole", "--profile-steps", "2", "--steps", "8")
-    assert set(whole["step_profile"]) == {"batch", "target", "draft_forward_backward", "update"}
+    assert set(whole["step_profile"]) == {"batch", "target", "forward_draft_layers",
+                                          "forward_head", "forward_loss",
+                                          "draft_forward_backward", "update"}
     assert not whole["paused"]
     first = run("parts", "--pause-after", "0", "--steps", "8")
     assert first["steps"] == 1 and first["paused"]

@@ -47,6 +47,7 @@ from .dataset import (
 from .generate import ATTENTION, generate_dataset
 from .objective import (
     block_loss,
+    forward_parts,
     low_precision_head,
     make_batch,
     simulate_answer,
@@ -500,6 +501,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log_start = train_start - earlier.get("train_seconds", 0.0)  # a resumed run's clock goes on
     first_step = step
     losses: list[float] = []
+    queued: mx.array | None = None  # the last step's loss, not read yet
     phase_ms: dict[str, list[float]] = {}
     with _progress(cfg.progress) as bar:
         task = bar.add_task("training", total=total, completed=step)
@@ -520,6 +522,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             soft = None if final is None else soft_labels(final, batch, head)
             _lap(clock, phase_ms, "target", taps, *([] if soft is None else [soft]))
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
+            if clock is not None:  # where the forward's time goes (extra work, timed steps only)
+                for phase, part in forward_parts(draft, target, batch, taps, weights, head):
+                    _lap(clock, phase_ms, phase, part)
             loss, grads = loss_and_grad(batch, taps, soft)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
@@ -528,14 +533,18 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 _lap(clock, phase_ms, "all_reduce", loss, grads)
             grads, norm = optim.clip_grad_norm(grads, 1.0)
             optimizer.update(draft, grads)
-            mx.eval(loss, norm, draft.parameters(), optimizer.state)
-            _lap(clock, phase_ms, "update")
+            # Queued, not waited for: the host builds the next step while the device runs
+            # this one; the loss read below waits for the step before it.
+            mx.async_eval(loss, norm, draft.parameters(), optimizer.state)
+            _lap(clock, phase_ms, "update", loss, norm, draft.parameters(), optimizer.state)
             if timed and step - first_step == 4 + cfg.profile_steps:
                 log["step_profile"] = {k: float(np.median(v)) for k, v in phase_ms.items()}
                 say("step phases (median ms): " + ", ".join(
                     f"{k} {v:.1f}" for k, v in log["step_profile"].items()))
             step += 1
-            losses.append(float(loss))
+            if queued is not None:
+                losses.append(float(queued))
+            queued = loss
             if cfg.train_seconds and agree(
                     time.perf_counter() - train_start > 1.2 * cfg.train_seconds) > 0:
                 say(f"out of time at step {step}: stopping early")
@@ -555,8 +564,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                     total = fits
                     bar.update(task, total=total)
                     say(f"{per_step * 1e3:.0f} ms/step: schedule set to {total} steps")
-            bar.update(task, advance=1, description=f"training loss {np.mean(losses[-20:]):.3f}")
-            if step % 10 == 0 or step == total or pausing:
+            logged = step % 10 == 0 or step == total or pausing
+            if logged:  # the log reads this step's loss too
+                losses.append(float(queued))
+                queued = None
+            if losses:
+                bar.update(task, description=f"training loss {np.mean(losses[-20:]):.3f}")
+            bar.update(task, advance=1)
+            if logged:
                 log["history"].append({"step": step, "loss": float(np.mean(losses[-10:])),
                                        "lr": lr_at(step - 1, total, cfg.lr), "grad_norm":
                                        float(norm), "epoch": epoch,

@@ -4,7 +4,7 @@ optionally mixed with the target's own next-token distribution: `soft_labels`)."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -167,15 +167,31 @@ def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
     return lambda h: h.astype(dtype) @ w.T
 
 
-def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-                head: Head | None = None) -> mx.array:
-    """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
+def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
+                taps: mx.array) -> mx.array:
+    """-> the draft's hidden states [N, A, B-1, H] at slots 1..B-1 of every block."""
     B = draft.args.block_size
     N, A = batch.anchors.shape
     mask = context_mask(batch.anchors, taps.shape[1], B)
     hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
-    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
-    return (head or target.lm_head)(hidden)
+    return hidden.reshape(N, A, B, -1)[:, :, 1:]
+
+
+def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+                head: Head | None = None) -> mx.array:
+    """-> logits [N, A, B-1, V] of slots 1..B-1 of every block."""
+    return (head or target.lm_head)(slot_hidden(draft, target, batch, taps))
+
+
+def forward_parts(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+                  weights: mx.array, head: Head) -> Iterator[tuple[str, mx.array]]:
+    """`block_loss`'s forward part by part, for a profile that evaluates each in turn: the
+    draft's layers, the vocabulary projection, then the weighted cross-entropy."""
+    hidden = slot_hidden(draft, target, batch, taps)
+    yield "forward_draft_layers", hidden
+    logits = head(hidden)
+    yield "forward_head", logits
+    yield "forward_loss", slot_loss(logits, batch, weights)
 
 
 def soft_labels(final: mx.array, batch: Batch, head: Head) -> mx.array:
@@ -194,7 +210,14 @@ def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
     says how close the runner-up tokens were."""
-    logits = slot_logits(draft, target, batch, taps, head).astype(mx.float32)
+    return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
+                     soft_weight)
+
+
+def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
+              soft_weight: float = 0.0) -> mx.array:
+    """`block_loss` from the slots' logits [N, A, B-1, V]."""
+    logits = logits.astype(mx.float32)
     norm = mx.logsumexp(logits, axis=-1)
     ce = norm - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
     if soft is not None and soft_weight > 0:
