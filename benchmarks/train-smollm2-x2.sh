@@ -49,9 +49,15 @@
 #            (slice 1/2: gen-19-1.npz, ~/.cache/dflash-chat/train-data/stage19/), then PART=ab
 #            AB_VARIANTS=a AB_S=360 LR=6e-5 DATA_WEIGHTS="*/gen-19-*=1,*=0.4" (not shipped:
 #            held-out up, the suites level)
-#   next: stage gen-19-1.npz too; after run-gpu.sh's PART=overlap (the pipeline A/B, issue
-#            13), SEED=20 PART=gen GEN_GPUS=1 GEN_DEVICE=0 (slice 1 again, a new seed), then
-#            PART=ab with the schedule now sized to the time (steps_that_fit)
+#   stage 20 (one H200): the same files plus gen-19-1.npz staged; after run-gpu.sh's
+#            PART=overlap (issue 13), SEED=20 PART=gen GEN_GPUS=1 GEN_DEVICE=0 GEN_S=330
+#            (slice 1/2 again: gen-20-1.npz, ~/.cache/dflash-chat/train-data/stage20/), then
+#            PART=ab AB_VARIANTS=a AB_S=270 LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" (not
+#            shipped: the fourth session with the suites level)
+#   next: stage gen-20-1.npz too; no new answers (160K distinct sequences are staged), the
+#            training time to a deeper draft: SOLO=1 PART=train TRAIN_ARGS="--depth 5"
+#            LR=1e-4 TRAIN_S=<both calls' seconds> PAUSE=<one call's>, then SOLO=1
+#            PART=resume, on one machine (the schedule spans both calls)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
@@ -77,6 +83,8 @@
 #               GPUs for TRAIN_S seconds -> /root/draft (optimizer state in /root/state);
 #               PAUSE=S ends the call after S seconds, then PART=resume continues the same
 #               schedule (a call lasts at most 10 minutes); PROFILE=N times N steps' phases
+#               SOLO=1 trains on GPU 0 alone (one H200 lent); TRAIN_ARGS more train-draft
+#               flags (e.g. "--depth 5": INIT grown by identity layers)
 #   PART=resume continue a paused PART=train run (PAUSE again to split it further)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
@@ -184,9 +192,10 @@ gen)
 train|resume)
   more=(--init "$INIT" --profile-steps ${PROFILE:-0})
   [[ $PART == resume ]] && more=(--init "$INIT" --resume)
-  dp ${TRAIN_S:-420} /root/train.log "${common[@]}" "${train_args[@]}" $(data_args) \
+  runner=dp; [[ ${SOLO:-0} == 1 ]] && runner=solo  # SOLO=1: one GPU (nvidia-h200)
+  $runner ${TRAIN_S:-420} /root/train.log "${common[@]}" "${train_args[@]}" $(data_args) \
     "${more[@]}" ${PAUSE:+--pause-after $PAUSE} --lr ${LR:-3e-4} --out /root/draft \
-    --state-dir /root/state
+    --state-dir /root/state ${TRAIN_ARGS:-}
   pack ;;
 more)
   rm -rf /root/init && cp -r /root/draft /root/init
