@@ -302,15 +302,24 @@ def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
     assert hits[valid].all()
 
 
-def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair):
+def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int):
+    """The tiny pair's target and draft, a batch of 8 anchors per random sequence, its taps
+    and the slot weights."""
     _, draft_dir, model, _ = pair
     target = adapter_for(model)
     draft = load_draft_folder(draft_dir)
-    rng = np.random.default_rng(0)
-    data = Dataset([rng.integers(4, 300, size=40).tolist() for _ in range(3)], [8] * 3)
-    batch = make_batch(data, range(3), 8, draft.args.block_size, draft.args.mask_token_id, rng)
+    rng = np.random.default_rng(seed)
+    data = Dataset([rng.integers(4, 300, size=length).tolist() for _ in range(sequences)],
+                   [prompt_len] * sequences)
+    batch = make_batch(data, range(sequences), 8, draft.args.block_size,
+                       draft.args.mask_token_id, rng)
     taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
-    w = slot_weights(draft.args.block_size, 7.0)
+    return target, draft, batch, taps, slot_weights(draft.args.block_size, 7.0)
+
+
+def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair):
+    target, draft, batch, taps, w = random_blocks(pair, 0, sequences=3, length=40,
+                                                  prompt_len=8)
     hard = block_loss(draft, target, batch, taps, w)
     onehot = 1e4 * (mx.arange(target.vocab_size) == batch.labels[..., None])
     spread = mx.zeros(onehot.shape)  # uniform: the loss is the mean negative log-probability
@@ -324,14 +333,8 @@ def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair)
 
 
 def test_the_profiled_forward_parts_end_in_the_training_loss(pair):
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
-    rng = np.random.default_rng(1)
-    data = Dataset([rng.integers(4, 300, size=50).tolist() for _ in range(2)], [6] * 2)
-    batch = make_batch(data, range(2), 8, draft.args.block_size, draft.args.mask_token_id, rng)
-    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
-    w = slot_weights(draft.args.block_size, 7.0)
+    target, draft, batch, taps, w = random_blocks(pair, 1, sequences=2, length=50,
+                                                  prompt_len=6)
     parts = dict(forward_parts(draft, target, batch, taps, w, target.lm_head))
     assert list(parts) == ["forward_draft_layers", "forward_head", "forward_loss"]
     N, A, K = batch.labels.shape
