@@ -17,7 +17,7 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
 MAX_BRANCH_CHOICES = 8
-# --stream-verify auto's layer count on GPUs and Metal (the one measured on the H200)
+# --stream-verify auto's layer count on CUDA (the one measured on the H200)
 GPU_STREAM_EVERY = 6
 
 
@@ -56,13 +56,15 @@ class DFlashConfig:
     # outputs still on the device, so that the device can draft while the host reads the
     # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
     # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. "auto": on
-    # GPUs and Metal, off on CPU, where nothing overlaps. Lossless: the target verifies every
+    # CUDA, where the H200 measured it (benchmarks/stage20/); off on CPU, where nothing
+    # overlaps, and on Metal until measured there. Lossless: the target verifies every
     # proposal.
     prefetch_draft: bool | str = "auto"
     # Queue each target forward's work every N decoder layers while the host builds the rest
     # of its graph (mx.async_eval), so that the device starts on the first layers instead of
-    # idling until the whole verify is built. "auto": every GPU_STREAM_EVERY layers on GPUs
-    # and Metal, off on CPU. The same graph either way: the output does not change.
+    # idling until the whole verify is built. "auto": every GPU_STREAM_EVERY layers on CUDA,
+    # off on CPU and on Metal until measured there. The same graph either way: the output
+    # does not change.
     stream_verify: int | str | None = "auto"
     # Run each full-block verify of a pure-attention target (llama, qwen2, qwen3, mistral) as
     # one compiled forward over its KV cache's whole buffer (engine/targets/compiled_verify.py):
@@ -184,13 +186,13 @@ class DFlashConfig:
     def prefetch_for(self, backend: str) -> bool:
         """Whether greedy whole-block cycles queue their next draft early on a backend."""
         if self.prefetch_draft == "auto":
-            return backend != "cpu"
+            return backend == "cuda"
         return bool(self.prefetch_draft)
 
     def stream_every_for(self, backend: str) -> int | None:
         """Every how many layers a forward's work is queued on a backend; None: at its end."""
         if self.stream_verify == "auto":
-            return None if backend == "cpu" else GPU_STREAM_EVERY
+            return GPU_STREAM_EVERY if backend == "cuda" else None
         return self.stream_verify  # type: ignore[return-value]
 
     def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
@@ -218,11 +220,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
                    help="queue the next cycle's draft forward before the cycle's host sync "
                         "(greedy, whole blocks: on a CPU add --min-confidence off); 'auto' "
-                        "(default): on GPUs and Metal, off on CPU")
+                        "(default): on CUDA GPUs, off on CPU and Metal")
     p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
                    help="queue each target forward's work every N layers while the rest of "
                         "its graph is built, so a GPU starts early; 'auto' (default): "
-                        f"{GPU_STREAM_EVERY} on GPUs and Metal, off on CPU")
+                        f"{GPU_STREAM_EVERY} on CUDA GPUs, off on CPU and Metal")
     p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
                    help="run each full-block verify of a llama/qwen2/qwen3 target as one "
                         "compiled forward (meant for GPUs at checkpoint precision: it rounds "

@@ -94,7 +94,8 @@ def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, mo
 def test_prefetch_is_an_option_checked_once(tiny_pairs):
     assert DFlashConfig().prefetch_draft == "auto"
     assert not DFlashConfig().prefetch_for("cpu")  # nothing to overlap with on a CPU
-    assert DFlashConfig().prefetch_for("cuda") and DFlashConfig().prefetch_for("metal")
+    assert DFlashConfig().prefetch_for("cuda")  # measured on the H200
+    assert not DFlashConfig().prefetch_for("metal")  # not measured on a Mac yet
     assert not DFlashConfig(prefetch_draft=False).prefetch_for("cuda")
     assert not load(tiny_pairs, "llama").describe()["prefetch_draft"]
     assert not load(tiny_pairs, "llama", prefetch_draft=True,
