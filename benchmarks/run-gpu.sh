@@ -14,6 +14,10 @@
 #                PART=gen PROBE_GPU=g PROBE_PARTS=cost-quick): the cycle probe's cycle and host
 #                parts at checkpoint precision with the engine's defaults (and in children
 #                with MLX_MAX_OPS_PER_BUFFER=OPS_A / OPS_B), the oracle runs at 8 and 4
+#   PART=pieces  the target's verify forward at T=16 and T=1, and each piece of its layers
+#                (projections, RoPE, attention, MLP) at both (scripts/gpu_cycle_probe.py
+#                --parts forward,pieces), at checkpoint precision: where a verify's extra
+#                device time goes
 #   PART=attention issue 13's fused block-attention kernel (on by default on CUDA) against
 #                MLX's attention: exactness and timing (scripts/gpu_attention_check.py), then
 #                the oracle rows and the three suites at 256 tokens with the defaults, and again
@@ -91,6 +95,9 @@ cost-quick)  # issue 13 on a GPU left free while the other generates
     --out "$OUT/gpu-cycle-probe-quick-h200.json" --precisions checkpoint --budget 160 --child-budget 50 \
     --child-envs "MLX_MAX_OPS_PER_BUFFER=${OPS_A:-100}:cycle:checkpoint;MLX_MAX_OPS_PER_BUFFER=${OPS_B:-400}:cycle:checkpoint"
   oracle_rows ;;
+pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (a minute)
+  MLX_CUDA_USE_CUDNN_SDPA=0 step 120 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
+    --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
 attention)  # issue 13: a verify block's attention in one kernel instead of MLX's fallback
   TAIL=12 step 240 python3 scripts/gpu_attention_check.py --out "$OUT/gpu-attention-check-h200.json"
   oracle_rows; rows
@@ -136,7 +143,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|attention|overlap|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|pieces|attention|overlap|sources|sampled|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0

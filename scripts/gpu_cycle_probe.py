@@ -16,6 +16,10 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
   forward  the target's verify forward as the cycle runs it, at a growing KV length: T=16 and
            T=1 per call, a fixed KV length (rolled back), a varying T; the dtypes of logits,
            taps and draft output (a promotion shows here).
+  pieces   (not in the default --parts) each piece of the target's decoder layers (norm,
+           q/k/v/o projections, RoPE, attention through the engine and through MLX, MLP) at 1
+           and 16 new tokens, every layer's piece evaluated together: what a verify pays
+           beyond a plain step, piece by piece (llama-style attention only).
   cycle    the real pair through DFlashRuntime per precision: per-phase device times
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
@@ -226,6 +230,61 @@ def forward_part(rt: Any, ctx: int, iters: int) -> dict:
     out["dtypes"] = {"logits": str(logits.dtype), "taps": str(taps.dtype),
                      "embed": str(target.embed(ids).dtype), "draft_hidden": str(hidden.dtype),
                      "draft_head_logits": str(DraftHead(target)(hidden).dtype)}
+    return out
+
+
+# -- pieces ---------------------------------------------------------------------------------
+def layer_pieces(layer: Any, x: mx.array, k: mx.array, v: mx.array,
+                 attend: Callable[..., mx.array]) -> dict[str, Callable[[], mx.array]]:
+    """A llama-style decoder layer's pieces on a block x [1, T, H] over keys k, v [1, Hkv, S,
+    D], each alone (inputs made up, shapes the layer's)."""
+    attn = layer.self_attn
+    T, hq, hd = x.shape[1], attn.n_heads, attn.head_dim
+    q = mx.zeros((1, hq, T, hd), x.dtype)
+    mask = "causal" if T > 1 else None
+    return {"norm": lambda: layer.input_layernorm(x),
+            "q_proj": lambda: attn.q_proj(x), "k_proj": lambda: attn.k_proj(x),
+            "v_proj": lambda: attn.v_proj(x), "rope": lambda: attn.rope(q, offset=k.shape[2] - T),
+            "attention": lambda: attend(q, k, v, scale=hd ** -0.5, mask=mask),
+            "o_proj": lambda: attn.o_proj(mx.zeros((1, T, hq * hd), x.dtype)),
+            "mlp": lambda: layer.mlp(x)}
+
+
+def pieces_part(rt: Any, ctx: int, iters: int) -> dict:
+    """Device time of each piece of the target's decoder layers at 1 and 16 new tokens after
+    `ctx` cached ones: every layer's piece queued, then one evaluation (ms for all layers,
+    median of `iters`). What a 16-token verify pays beyond a plain step, piece by piece."""
+    from engine.kernels import cuda_attention
+
+    layers, out = rt.target.layers, {}
+    attn = layers[0].self_attn
+    if not all(hasattr(attn, a) for a in ("q_proj", "n_heads", "n_kv_heads", "head_dim")):
+        return {"skipped": f"not a llama-style attention: {type(attn).__name__}"}
+    dtype = rt.target.inner.norm.weight.dtype
+    hidden = rt.target.inner.norm.weight.shape[0]
+    for T in (1, 16):
+        x = mx.random.normal((1, T, hidden)).astype(dtype)
+        k, v = (mx.random.normal((1, attn.n_kv_heads, ctx + T, attn.head_dim)).astype(dtype)
+                for _ in range(2))
+        mx.eval(x, k, v)
+        attends = {"attention": cuda_attention.scaled_dot_product_attention,
+                   "attention_mlx": mx.fast.scaled_dot_product_attention}
+        row = {}
+        for name in [*layer_pieces(layers[0], x, k, v, mx.fast.scaled_dot_product_attention),
+                     "attention_mlx"]:
+            attend = attends.get(name, mx.fast.scaled_dot_product_attention)
+            piece = "attention" if name.startswith("attention") else name
+            made = [layer_pieces(layer, x, k, v, attend)[piece] for layer in layers]
+            times = []
+            for _ in range(iters + 2):
+                outputs = [make() for make in made]  # built first: the device's time alone
+                start = time.perf_counter()
+                mx.eval(outputs)
+                times.append(time.perf_counter() - start)
+            row[name] = ms(times[2:])  # the first two build kernels
+        out[f"T{T}"] = row
+    out["layers"], out["ctx"] = len(layers), ctx
+    out["attention_kernel"] = cuda_attention.state()
     return out
 
 
@@ -595,6 +654,8 @@ def main() -> int:
             continue
         if "forward" in parts:
             guarded(row, "forward", budget, forward_part, rt, 32 if args.small else 300, iters)
+        if "pieces" in parts:
+            guarded(row, "pieces", budget, pieces_part, rt, 32 if args.small else 300, iters)
         if "host" in parts:  # before the cycle part: the budget skipped it twice after it
             launch = {"on": True, "off": False}.get(args.host_launch, backend != "cpu")
             guarded(row, "host", budget, host_part, rt, 32 if args.small else 300,

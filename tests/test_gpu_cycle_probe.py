@@ -18,7 +18,7 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cycle_probe.py"), "--small",
                     "--out", str(out), "--model", str(target), "--draft", str(draft),
-                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,cycle"],
+                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,pieces,cycle"],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     report = json.loads(out.read_text())
     assert report["backend"] == "cpu" and report["env"]["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
@@ -28,6 +28,11 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     assert row["weights"]["quantized_linears"] == 0
     assert row["forward"]["dtypes"]["logits"] == "mlx.core.float32"
     assert row["forward"]["growing_kv_T16"]["n"] == report["settings"]["iters"]
+    pieces = row["pieces"]
+    assert set(pieces["T16"]) == {"norm", "q_proj", "k_proj", "v_proj", "rope", "attention",
+                                  "attention_mlx", "o_proj", "mlp"}
+    assert all(t["median_ms"] > 0 for t in pieces["T1"].values())
+    assert pieces["attention_kernel"] == "mlx"  # a CPU
     cycle = row["cycle"]["prompt0"]
     assert cycle["wholeblock"]["first_mismatch"] is None  # float32: plain greedy, bit for bit
     assert set(cycle["profiled_wholeblock_ms_per_cycle"]) == {"draft", "verify", "rollback"}
