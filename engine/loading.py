@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 
+from .device import current
 from .draft import DFlashDraft, DraftArgs
 from .draft_head import RANKING_FILE
 from .errors import (
@@ -234,6 +235,22 @@ def read_draft_args(path: Path) -> DraftArgs:
         ) from exc
 
 
+def dequantized(weights: dict[str, mx.array], group_size: int,
+                bits: int) -> dict[str, mx.array]:
+    """A draft stored quantized (`name.weight` packed, `name.scales` and `name.biases` beside
+    it) as float weights, for a CPU, where quantized matmuls are slow."""
+    out = {}
+    for name, value in weights.items():
+        base = name.removesuffix(".weight")
+        if name.endswith((".scales", ".biases")):
+            continue
+        if name.endswith(".weight") and f"{base}.scales" in weights:
+            value = mx.dequantize(value, weights[f"{base}.scales"], weights[f"{base}.biases"],
+                                  group_size=group_size, bits=bits)
+        out[name] = value
+    return out
+
+
 def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
     args = read_draft_args(path)
     files = sorted(path.glob("*.safetensors"))
@@ -251,7 +268,13 @@ def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
     draft = DFlashDraft(args)
     if any(k.endswith(".scales") for k in weights):
-        nn.quantize(draft, class_predicate=lambda p, m: f"{p}.scales" in weights)
+        storage = read_json(path / "config.json", DraftCheckpointError).get("quantization") or {}
+        group_size, bits = storage.get("group_size", 64), storage.get("bits", 4)
+        if current() == "cpu":  # quantized matmuls are slow there: floats, one rounding away
+            weights = dequantized(weights, group_size, bits)
+        else:
+            nn.quantize(draft, group_size, bits,
+                        class_predicate=lambda p, m: f"{p}.scales" in weights)
     expected = dict(tree_flatten(draft.parameters()))
     missing = sorted(set(expected) - set(weights))
     if missing:

@@ -8,6 +8,7 @@ import shutil
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
+from script_modules import load_script
 
 from engine import DFlashRuntime
 from engine.draft import DraftArgs, default_tap_ids
@@ -144,3 +145,42 @@ def test_malformed_token_ranking_is_refused_clearly(pair, text, problem):
     message = str(info.value)
     assert str(draft / "token_ranking.json") in message and problem in message
     assert "Fix: delete it" in message and "scripts/token_ranking.py" in message
+
+
+def test_a_draft_stored_quantized_loads_as_floats_near_the_original(pair, tmp_path):
+    """scripts/quantize_draft.py stores the linear layers 8-bit (a smaller file); the loader
+    dequantizes them, so the draft computes in floats with weights one rounding away."""
+    target, draft = pair
+    stored = tmp_path / "draft-q8"
+    sizes = load_script("quantize_draft").quantize_draft(draft, stored, bits=8, group_size=32)
+    assert sizes["bytes_after"] < 0.6 * sizes["bytes_before"]
+    assert json.loads((stored / "config.json").read_text())["quantization"]["bits"] == 8
+    packed = mx.load(str(stored / "model.safetensors"))
+    assert any(k.endswith(".scales") for k in packed) and "norm.weight" in packed
+    want = dict(tree_flatten(load_draft_folder(draft, mx.float32).parameters()))
+    got = dict(tree_flatten(load_draft_folder(stored, mx.float32).parameters()))
+    assert set(got) == set(want)  # plain Linear layers, no scales left over
+    for name, value in want.items():
+        assert got[name].dtype == mx.float32
+        # 8 bits per group of 32: within one step of 255 across the weight's range
+        step = (value.max() - value.min()) / 255 if value.ndim == 2 else 0
+        assert mx.max(mx.abs(got[name] - value)).item() <= float(step), name
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(stored))
+    assert len(rt.generate("Hello", max_tokens=8, no_eos=True).tokens) == 8
+    with pytest.raises(SystemExit, match="quantized already"):
+        load_script("quantize_draft").quantize_draft(stored, tmp_path / "twice")
+
+
+def test_a_gpu_keeps_a_quantized_draft_quantized(pair, tmp_path, monkeypatch):
+    """Where quantized matmuls are fast (GPUs), the stored blocks load as quantized layers."""
+    import mlx.nn as nn
+
+    import engine.loading
+
+    _, draft = pair
+    stored = tmp_path / "draft-q8"
+    load_script("quantize_draft").quantize_draft(draft, stored, bits=8, group_size=32)
+    monkeypatch.setattr(engine.loading, "current", lambda: "cuda")
+    loaded = load_draft_folder(stored)
+    layers = [m for _, m in loaded.named_modules() if isinstance(m, nn.QuantizedLinear)]
+    assert layers and all(m.bits == 8 and m.group_size == 32 for m in layers)

@@ -1,0 +1,75 @@
+"""Store a draft folder's linear layers as 8-bit (or 4-bit) affine blocks, to ship a bigger
+draft in the same bytes. The engine dequantizes them when it loads the draft
+(`engine.loading.dequantized`), so the draft computes in floats as before; only the rounding
+of the stored weights changes, and `scripts/draft_acceptance.py` on both folders shows what
+that costs in tokens/cycle.
+
+    python scripts/quantize_draft.py SRC DST [--bits 8] [--group-size 64]
+
+DST gets SRC's other files (config.json with a "quantization" entry, token_ranking.json, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS)
+import mlx.core as mx  # noqa: E402
+
+
+def quantized_weights(weights: dict[str, mx.array], group_size: int,
+                      bits: int) -> dict[str, mx.array]:
+    """Every 2-D `*.weight` whose rows split into whole groups, as packed weight, scales and
+    biases (MLX's affine format); the rest (norms) as they are."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        if name.endswith(".weight") and value.ndim == 2 and value.shape[1] % group_size == 0:
+            packed, scales, biases = mx.quantize(value, group_size=group_size, bits=bits)
+            base = name.removesuffix(".weight")
+            out[name], out[f"{base}.scales"], out[f"{base}.biases"] = packed, scales, biases
+        else:
+            out[name] = value
+    return out
+
+
+def quantize_draft(src: Path, dst: Path, bits: int = 8, group_size: int = 64) -> dict:
+    """Write SRC's draft to DST with quantized linear layers -> {"bytes_before", "bytes_after"}."""
+    config = json.loads((src / "config.json").read_text())
+    if config.get("quantization"):
+        raise SystemExit(f"{src} is stored quantized already ({config['quantization']}). Fix: "
+                         "quantize the float draft it came from.")
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy2(f, dst / f.name)
+    weights = mx.load(str(src / "model.safetensors"))
+    mx.save_safetensors(str(dst / "model.safetensors"),
+                        quantized_weights(weights, group_size, bits),
+                        metadata={"format": "mlx", "producer": "scripts/quantize_draft.py"})
+    config["quantization"] = {"group_size": group_size, "bits": bits}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return {"bytes_before": (src / "model.safetensors").stat().st_size,
+            "bytes_after": (dst / "model.safetensors").stat().st_size}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("src", type=Path, help="a draft folder (config.json + model.safetensors)")
+    p.add_argument("dst", type=Path, help="the folder to write")
+    p.add_argument("--bits", type=int, choices=[4, 8], default=8)
+    p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    args = p.parse_args()
+    sizes = quantize_draft(args.src, args.dst, args.bits, args.group_size)
+    print(f"wrote {args.dst}: model.safetensors {sizes['bytes_before'] / 1e6:.1f} MB -> "
+          f"{sizes['bytes_after'] / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
