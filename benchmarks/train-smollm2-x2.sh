@@ -56,8 +56,9 @@
 #            shipped: the fourth session with the suites level)
 #   next: stage gen-20-1.npz too; no new answers (160K distinct sequences are staged), the
 #            training time to a deeper draft: SOLO=1 PART=train TRAIN_ARGS="--depth 5"
-#            LR=1e-4 TRAIN_S=<both calls' seconds> PAUSE=<one call's>, then SOLO=1
-#            PART=resume, on one machine (the schedule spans both calls)
+#            LR=1e-4 PROFILE=10 TRAIN_S=<both calls' seconds> PAUSE=<one call's>, then
+#            SOLO=1 PART=resume, on one machine (the schedule spans both calls); ship it
+#            8-bit (scripts/quantize_draft.py) if it beats stage 16 on the suites
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
