@@ -132,10 +132,21 @@ dp() {  # dp SECONDS LOG ARGS...: one training process per GPU, ranks 0 and 1
   wait
   grep -v "^ *$" "$log-0" | tail -n 20; tail -n 5 "$log-1"
 }
+once_more() {  # once_more LOG CMD...: CMD > LOG, and again if it failed in its first 90 s
+  # (stage 20: two runs right after the generator died at their first step, out of memory
+  # instantiating a CUDA graph, then an illegal memory access; the third ran)
+  local log=$1 t0=$SECONDS rc; shift
+  "$@" > "$log" 2>&1; rc=$?
+  if (( rc != 0 && SECONDS - t0 < 90 )); then
+    echo "== failed at its start (exit $rc): once more"; tail -n 3 "$log"
+    "$@" > "$log" 2>&1; rc=$?
+  fi
+  return $rc
+}
 solo() {  # solo SECONDS LOG ARGS...: one training process on GPU ${SOLO_GPU:-0}
   local s=$1 log=$2; shift 2
-  CUDA_VISIBLE_DEVICES=${SOLO_GPU:-0} MLX_ENABLE_TF32=1 timeout $(( s + 150 )) python3 -m engine.train \
-    "$@" --train-seconds "$s" > "$log" 2>&1
+  CUDA_VISIBLE_DEVICES=${SOLO_GPU:-0} MLX_ENABLE_TF32=1 once_more "$log" timeout $(( s + 150 )) \
+    python3 -m engine.train "$@" --train-seconds "$s"
   grep -v "^ *$" "$log" | tail -n 20
 }
 pack() {  # pack [DRAFT_DIR [OUT_DIR]]: meta tar + weights in two halves
@@ -216,10 +227,11 @@ ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S s
     if [[ $v == b ]]; then  # B_ARGS (e.g. "--gamma 3.5") instead of the extra taps
       gpu=${AB_GPU_B:-1}; read -ra taps <<< "${B_ARGS:---taps ${TAPS_B:-1,5,10,14,18,22,27,29}}"
     fi
-    CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 timeout $(( ${AB_S:-400} + 150 )) \
-      python3 -m engine.train "${common[@]}" "${train_args[@]}" $(data_args) "${taps[@]}" \
-      --init "$INIT" --lr ${LR:-3e-4} --out /root/draft-$v --state-dir /root/state-$v \
-      --profile-steps ${PROFILE:-10} --train-seconds ${AB_S:-400} > /root/ab-$v.log 2>&1 &
+    CUDA_VISIBLE_DEVICES=$gpu MLX_ENABLE_TF32=1 once_more /root/ab-$v.log \
+      timeout $(( ${AB_S:-400} + 150 )) python3 -m engine.train "${common[@]}" \
+      "${train_args[@]}" $(data_args) "${taps[@]}" --init "$INIT" --lr ${LR:-3e-4} \
+      --out /root/draft-$v --state-dir /root/state-$v --profile-steps ${PROFILE:-10} \
+      --train-seconds ${AB_S:-400} &
   done
   wait
   for v in ${AB_VARIANTS:-a b}; do grep -v "^ *$" /root/ab-$v.log | tail -n 8; pack /root/draft-$v "$OUT/$v"; done ;;
