@@ -14,6 +14,9 @@
 #                PART=gen PROBE_GPU=g PROBE_PARTS=cost-quick): the cycle probe's cycle and host
 #                parts at checkpoint precision with the engine's defaults (and in children
 #                with MLX_MAX_OPS_PER_BUFFER=OPS_A / OPS_B), the oracle runs at 8 and 4
+#   PART=goals   issue 13's goals with the engine's defaults: the oracle rows at 8 and 4, the
+#                three suites (LIMIT, default 6, prompts each), the synthetic Qwen3.5-9B in
+#                bf16, into the file names the issue gives (about 8 minutes)
 #   PART=pieces  the target's verify forward at T=16 and T=1, and each piece of its layers
 #                (projections, RoPE, attention, MLP) at both (scripts/gpu_cycle_probe.py
 #                --parts forward,pieces), at checkpoint precision: where a verify's extra
@@ -95,6 +98,11 @@ cost-quick)  # issue 13 on a GPU left free while the other generates
     --out "$OUT/gpu-cycle-probe-quick-h200.json" --precisions checkpoint --budget 160 --child-budget 50 \
     --child-envs "MLX_MAX_OPS_PER_BUFFER=${OPS_A:-100}:cycle:checkpoint;MLX_MAX_OPS_PER_BUFFER=${OPS_B:-400}:cycle:checkpoint"
   oracle_rows ;;
+goals)  # issue 13's goals at the engine's defaults, into the files the issue names
+  BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels (a fresh machine)
+  oracle_rows; LIMIT=${LIMIT:-6} rows
+  step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
+    --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
 pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (a minute)
   MLX_CUDA_USE_CUDNN_SDPA=0 step 120 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
@@ -143,7 +151,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|pieces|attention|overlap|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|attention|overlap|sources|sampled|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0
