@@ -234,10 +234,13 @@ def forward_part(rt: Any, ctx: int, iters: int) -> dict:
 
 
 # -- pieces ---------------------------------------------------------------------------------
-def layer_pieces(layer: Any, x: mx.array, k: mx.array, v: mx.array,
-                 attend: Callable[..., mx.array]) -> dict[str, Callable[[], mx.array]]:
+def layer_pieces(layer: Any, x: mx.array, k: mx.array,
+                 v: mx.array) -> dict[str, Callable[[], mx.array]]:
     """A llama-style decoder layer's pieces on a block x [1, T, H] over keys k, v [1, Hkv, S,
-    D], each alone (inputs made up, shapes the layer's)."""
+    D], each alone (inputs made up, shapes the layer's); attention through the engine (the
+    fused block kernel where it applies) and through MLX."""
+    from engine.kernels import cuda_attention
+
     attn = layer.self_attn
     T, hq, hd = x.shape[1], attn.n_heads, attn.head_dim
     q = mx.zeros((1, hq, T, hd), x.dtype)
@@ -245,7 +248,10 @@ def layer_pieces(layer: Any, x: mx.array, k: mx.array, v: mx.array,
     return {"norm": lambda: layer.input_layernorm(x),
             "q_proj": lambda: attn.q_proj(x), "k_proj": lambda: attn.k_proj(x),
             "v_proj": lambda: attn.v_proj(x), "rope": lambda: attn.rope(q, offset=k.shape[2] - T),
-            "attention": lambda: attend(q, k, v, scale=hd ** -0.5, mask=mask),
+            "attention": lambda: cuda_attention.scaled_dot_product_attention(
+                q, k, v, scale=hd ** -0.5, mask=mask),
+            "attention_mlx": lambda: mx.fast.scaled_dot_product_attention(
+                q, k, v, scale=hd ** -0.5, mask=mask),
             "o_proj": lambda: attn.o_proj(mx.zeros((1, T, hq * hd), x.dtype)),
             "mlp": lambda: layer.mlp(x)}
 
@@ -267,17 +273,12 @@ def pieces_part(rt: Any, ctx: int, iters: int) -> dict:
         k, v = (mx.random.normal((1, attn.n_kv_heads, ctx + T, attn.head_dim)).astype(dtype)
                 for _ in range(2))
         mx.eval(x, k, v)
-        attends = {"attention": cuda_attention.scaled_dot_product_attention,
-                   "attention_mlx": mx.fast.scaled_dot_product_attention}
+        pieces = [layer_pieces(layer, x, k, v) for layer in layers]
         row = {}
-        for name in [*layer_pieces(layers[0], x, k, v, mx.fast.scaled_dot_product_attention),
-                     "attention_mlx"]:
-            attend = attends.get(name, mx.fast.scaled_dot_product_attention)
-            piece = "attention" if name.startswith("attention") else name
-            made = [layer_pieces(layer, x, k, v, attend)[piece] for layer in layers]
+        for name in pieces[0]:
             times = []
             for _ in range(iters + 2):
-                outputs = [make() for make in made]  # built first: the device's time alone
+                outputs = [p[name]() for p in pieces]  # built first: the device's time alone
                 start = time.perf_counter()
                 mx.eval(outputs)
                 times.append(time.perf_counter() - start)
