@@ -57,14 +57,15 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
-        self.min_confidence = self.config.min_confidence(device.current())
+        backend = device.current()  # each knob's "auto" resolves for it
+        self.min_confidence = self.config.min_confidence(backend)
         if lockstep is not None:
             # The verify cut's length comes from each rank's own draft probabilities: every
             # rank must verify the same number of tokens, so sharded targets verify whole
             # blocks.
             self.min_confidence = None
         # Greedy whole-block cycles queue their next draft forward before their sync
-        self.prefetch_draft = (self.config.prefetch_for(device.current()) and lockstep is None
+        self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None
                                and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
         # Trees of proposals: greedy whole blocks on a target that verifies rows
@@ -76,12 +77,12 @@ class DFlashRuntime:
                                               [*self.target.make_cache(), *draft.make_cache()],
                                               self.min_confidence))
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
-        self.target.launch_every = ((self.config.stream_every_for(device.current()) or 0)
+        self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
                                     if lockstep is None else 0)
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
         # The draft's top-K tokens (None: the full head); each request adds its prompt's.
-        top_k = self.config.draft_vocab_for(device.current(), bool(token_ranking))
+        top_k = self.config.draft_vocab_for(backend, bool(token_ranking))
         if top_k is not None and self.target.head_rows(mx.array([0])) is None:
             top_k = None  # a head that is more than a projection: rows would not match it
         self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
