@@ -235,22 +235,6 @@ def read_draft_args(path: Path) -> DraftArgs:
         ) from exc
 
 
-def dequantized(weights: dict[str, mx.array], group_size: int,
-                bits: int) -> dict[str, mx.array]:
-    """A draft stored quantized (`name.weight` packed, `name.scales` and `name.biases` beside
-    it) as float weights, for a CPU, where quantized matmuls are slow."""
-    out = {}
-    for name, value in weights.items():
-        base = name.removesuffix(".weight")
-        if name.endswith((".scales", ".biases")):
-            continue
-        if name.endswith(".weight") and f"{base}.scales" in weights:
-            value = mx.dequantize(value, weights[f"{base}.scales"], weights[f"{base}.biases"],
-                                  group_size=group_size, bits=bits)
-        out[name] = value
-    return out
-
-
 def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
     args = read_draft_args(path)
     files = sorted(path.glob("*.safetensors"))
@@ -267,14 +251,11 @@ def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
             ) from exc
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
     draft = DFlashDraft(args)
-    if any(k.endswith(".scales") for k in weights):
+    quantized = any(k.endswith(".scales") for k in weights)
+    if quantized:  # stored small (scripts/quantize_draft.py), in MLX's affine blocks
         storage = read_json(path / "config.json", DraftCheckpointError).get("quantization") or {}
-        group_size, bits = storage.get("group_size", 64), storage.get("bits", 4)
-        if current() == "cpu":  # quantized matmuls are slow there: floats, one rounding away
-            weights = dequantized(weights, group_size, bits)
-        else:
-            nn.quantize(draft, group_size, bits,
-                        class_predicate=lambda p, m: f"{p}.scales" in weights)
+        nn.quantize(draft, storage.get("group_size", 64), storage.get("bits", 4),
+                    class_predicate=lambda p, m: f"{p}.scales" in weights)
     expected = dict(tree_flatten(draft.parameters()))
     missing = sorted(set(expected) - set(weights))
     if missing:
@@ -291,7 +272,9 @@ def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
                 "hidden_size or head counts?)."
             )
     draft.load_weights([(k, weights[k]) for k in expected], strict=True)
-    if dtype is not None:
+    if quantized and current() == "cpu":  # quantized matmuls are slow there: dense floats
+        dequantize_floats(draft, dtype)
+    else:
         cast_floats(draft, dtype)
     mx.eval(draft.parameters())
     return draft

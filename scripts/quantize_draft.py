@@ -1,8 +1,8 @@
 """Store a draft folder's linear layers as 8-bit (or 4-bit) affine blocks, to ship a bigger
-draft in the same bytes. The engine dequantizes them when it loads the draft
-(`engine.loading.dequantized`), so the draft computes in floats as before; only the rounding
-of the stored weights changes, and `scripts/draft_acceptance.py` on both folders shows what
-that costs in tokens/cycle.
+draft in the same bytes. A CPU dequantizes them when it loads the draft
+(`engine.loading.dequantize_floats`), so the draft computes in floats as before; only the
+rounding of the stored weights changes, and `scripts/draft_acceptance.py` on both folders
+shows what that costs in tokens/cycle. A GPU keeps them quantized.
 
     python scripts/quantize_draft.py SRC DST [--bits 8] [--group-size 64]
 
