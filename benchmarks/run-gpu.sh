@@ -64,6 +64,10 @@ oracle_rows() {  # the cycle's cost at 8 and 4 tokens/cycle, whatever the draft 
       --json "$OUT/smollm2-oracle$k${SUFFIX:-}-h200.json"
   done
 }
+synthetic_bf16() {  # the synthetic Qwen3.5-9B in bf16 at 9.6 tokens/cycle (issue 13's goal)
+  step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
+    --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json"
+}
 case "${PART:-}" in
 setup)
   mkdir -p "$(dirname "$gguf")"; cp /root/stash/files/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
@@ -91,8 +95,7 @@ rows)  # the H200 rows of the README with a new draft (beside answer generation)
 cost)  # issue 13: where a cycle's time goes, and what a cycle costs at a known acceptance
   step 360 python3 scripts/gpu_cycle_probe.py
   oracle_rows
-  step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
-    --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
+  synthetic_bf16 ;;
 cost-quick)  # issue 13 on a GPU left free while the other generates
   MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts cycle,host,children \
     --out "$OUT/gpu-cycle-probe-quick-h200.json" --precisions checkpoint --budget 160 --child-budget 50 \
@@ -101,8 +104,7 @@ cost-quick)  # issue 13 on a GPU left free while the other generates
 goals)  # issue 13's goals at the engine's defaults, into the files the issue names
   BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels (a fresh machine)
   oracle_rows; LIMIT=${LIMIT:-6} rows
-  step 300 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
-    --max-tokens 256 --dtype bfloat16 --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json" ;;
+  synthetic_bf16 ;;
 pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (a minute)
   MLX_CUDA_USE_CUDNN_SDPA=0 step 120 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
