@@ -11,8 +11,10 @@ is set by the oracle in every dtype.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import mlx.core as mx
@@ -23,13 +25,16 @@ from ..draft_head import DraftHead
 from ..targets.base import TargetAdapter
 
 RECORD_ROUNDS = 6  # speculative runs that may be needed to reach the fixed point
+ROUND = 8  # cycles whose drawn counts add up to exactly ROUND x (tokens_per_cycle - 1)
 
 
 class Oracle:
     """Proposals that match `reference` (the tokens after the prefill's, in order: index 0
     is the prefill's token) for a drawn number of drafts, then one wrong token. Accept
-    counts ~ Binomial(B-1, p) with p chosen so the mean is tokens_per_cycle - 1 (capped by
-    the cycle's size). Positions count from the first call (the prefill's token staged)."""
+    counts follow Binomial(B-1, p) with p chosen so the mean is tokens_per_cycle - 1 (capped
+    by the cycle's size), drawn in rounds of ROUND stratified quantiles whose sum is exact:
+    a run's mean is the chosen one, not one seed's luck (the same seed serves every prompt).
+    Positions count from the first call (the prefill's token staged)."""
 
     def __init__(self, reference: Sequence[int], tokens_per_cycle: float, block_size: int,
                  vocab: int, seed: int = 0) -> None:
@@ -37,6 +42,8 @@ class Oracle:
         self.block_size, self.vocab = block_size, vocab
         self.rng = random.Random(seed)
         self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+        self._drawn: list[int] = []  # what is left of the current round
+        self._rounds = self._total = 0  # rounds drawn, and their counts' sum
         self.base: int | mx.array | None = None  # the first position (on the device: pipelined)
         self._reference: mx.array | None = None  # the reference on the device (on_device)
 
@@ -54,7 +61,28 @@ class Oracle:
 
     def _accepts(self, size: int) -> int:
         """The next cycle's drawn count of right drafts (the wrong one follows them)."""
-        return min(sum(self.rng.random() < self.p for _ in range(self.block_size - 1)), size - 1)
+        if not self._drawn:
+            self._drawn = self._round()
+        return min(self._drawn.pop(), size - 1)
+
+    def _round(self) -> list[int]:
+        """ROUND counts: Binomial(B-1, p) quantiles at one stratified point per 1/ROUND of
+        probability, nudged by ones until all rounds' sum is the nearest integer to their
+        count x the mean, in a drawn order."""
+        n = self.block_size - 1
+        cdf = list(accumulate(math.comb(n, k) * self.p ** k * (1 - self.p) ** (n - k)
+                              for k in range(n + 1)))
+        points = [(j + self.rng.random()) / ROUND for j in range(ROUND)]
+        counts = [next((k for k, c in enumerate(cdf) if c >= u), n) for u in points]
+        self._rounds += 1  # the sum so far stays the nearest integer to the mean's
+        want = round(self._rounds * ROUND * n * self.p) - self._total
+        self._total += want
+        while (gap := want - sum(counts)) != 0:
+            step = 1 if gap > 0 else -1
+            movable = [i for i, c in enumerate(counts) if 0 <= c + step <= n]
+            counts[self.rng.choice(movable)] += step
+        self.rng.shuffle(counts)
+        return counts
 
     def on_device(self, staged: mx.array, position: mx.array, size: int) -> mx.array:
         """`__call__` for pipelined cycles, whose `staged` [1] and `position` (a scalar) are
