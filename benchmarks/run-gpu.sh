@@ -105,8 +105,9 @@ goals)  # issue 13's goals at the engine's defaults, into the files the issue na
   BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels (a fresh machine)
   oracle_rows; LIMIT=${LIMIT:-6} rows
   synthetic_bf16 ;;
-pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (a minute)
-  MLX_CUDA_USE_CUDNN_SDPA=0 step 120 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
+pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (the stage-21
+  # session gave it 120 s on a fresh machine and it printed nothing: kernels build first)
+  MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
 attention)  # issue 13: a verify block's attention in one kernel instead of MLX's fallback
   TAIL=12 step 240 python3 scripts/gpu_attention_check.py --out "$OUT/gpu-attention-check-h200.json"

@@ -171,6 +171,33 @@ def test_a_draft_stored_quantized_loads_as_floats_near_the_original(pair, tmp_pa
         load_script("quantize_draft").quantize_draft(stored, tmp_path / "twice")
 
 
+def test_a_draft_sent_back_in_halves_unpacks_to_the_same_folder(pair, tmp_path):
+    """A GPU call's files come back under 16 MB each: the meta tar and the weights split in
+    two (train-smollm2-x2.sh `pack`); scripts/unpack_draft.py puts the folder together."""
+    import tarfile
+
+    _, draft = pair
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    with tarfile.open(sent / "draft-meta.tar", "w") as tar:
+        tar.add(draft / "config.json", arcname="config.json")
+    weights = mx.load(str(draft / "model.safetensors"))
+    names = sorted(weights)
+    for i in (0, 1):
+        mx.save_safetensors(str(sent / f"draft-weights-{i}.safetensors"),
+                            {n: weights[n] for n in names[i::2]})
+    unpack = load_script("unpack_draft")
+    assert unpack.main([str(sent), str(tmp_path / "draft")]) == 0
+    got = mx.load(str(tmp_path / "draft" / "model.safetensors"))
+    assert sorted(got) == names
+    assert all(mx.array_equal(got[n], weights[n]).item() for n in names)
+    assert (tmp_path / "draft" / "config.json").read_bytes() == (draft / "config.json").read_bytes()
+    load_draft_folder(tmp_path / "draft")  # a draft the engine loads
+    (sent / "draft-meta.tar").unlink()
+    with pytest.raises(SystemExit, match="needs draft-meta.tar"):
+        unpack.main([str(sent), str(tmp_path / "again")])
+
+
 def test_a_gpu_keeps_a_quantized_draft_quantized(pair, tmp_path, monkeypatch):
     """Where quantized matmuls are fast (GPUs), the stored blocks load as quantized layers."""
     import mlx.nn as nn
