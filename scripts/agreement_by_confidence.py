@@ -1,0 +1,117 @@
+"""How often a draft's first slot agrees with the target, per bucket of the target's own
+confidence (its top-1 probability for that token): where a suite's lower tokens/cycle
+comes from, the target being less sure there (the buckets' shares) or the draft missing
+tokens the target is sure of (agreement within a bucket).
+
+    python scripts/draft_acceptance.py --draft D --limit 8 --walk --heldout \
+        benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
+    python scripts/agreement_by_confidence.py walk.json --draft D [--draft E] \
+        --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
+
+The suites' replies are the ones in walk.json (each run's prompt_tokens and reply, greedy,
+so the target's own); the first slot of a block anchored at position a predicts token a + 1
+from the target's features before a and the token at a, as training and decoding do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS before MLX loads)
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from engine.bench.environment import machine_info, versions  # noqa: E402
+from engine.loading import load_draft_folder  # noqa: E402
+from engine.runtime import DFlashRuntime  # noqa: E402
+from engine.train.dataset import Dataset  # noqa: E402
+from engine.train.objective import anchor_runs  # noqa: E402
+
+EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+
+
+def target_confidence(model, seq: list[int], prompt_len: int) -> np.ndarray:
+    """The target's top-1 probability for each reply token after the first (index i: the
+    token at prompt_len + 1 + i), in float32."""
+    logits = model(mx.array(seq)[None])[0, prompt_len:-1].astype(mx.float32)
+    return np.array(mx.softmax(logits, axis=-1).max(axis=-1))
+
+
+def buckets(confidence: np.ndarray) -> np.ndarray:
+    """The bucket of each confidence: EDGES[b] <= c < EDGES[b + 1] (1.0 in the last)."""
+    return np.clip(np.searchsorted(EDGES, confidence, side="right") - 1, 0, len(EDGES) - 2)
+
+
+def summarize(confidence: np.ndarray, agree: dict[str, np.ndarray]) -> dict:
+    b = buckets(confidence)
+    n = len(EDGES) - 1
+    return {
+        "tokens": int(len(confidence)),
+        "target_top1_mean": float(confidence.mean()),
+        "bucket_share": [float(np.mean(b == i)) for i in range(n)],
+        "drafts": {name: {"agree": float(hit.mean()),
+                          "agree_by_bucket": [float(hit[b == i].mean()) if (b == i).any()
+                                              else None for i in range(n)]}
+                   for name, hit in agree.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("walk", type=Path, help="a draft_acceptance.py --walk report")
+    p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
+    p.add_argument("--model", help="the target (default: the default pair's, offline SmolLM2)")
+    p.add_argument("--heldout", help="also these answers (a Dataset .npz)")
+    p.add_argument("--heldout-limit", type=int, default=40)
+    p.add_argument("--by-source", action="store_true",
+                   help="one row per prompt source of the held-out answers")
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    report = json.loads(args.walk.read_text())
+    replies = next(iter(report["drafts"].values()))  # the same greedy replies for every draft
+    suites = {suite: rows["runs"] for suite, rows in replies.items() if suite != "heldout"}
+    if not all("reply" in r for runs in suites.values() for r in runs):
+        raise SystemExit(f"{args.walk}: its runs keep no replies. Fix: make it with --walk.")
+    sets = {suite: [(r["prompt_tokens"] + r["reply"], len(r["prompt_tokens"])) for r in runs]
+            for suite, runs in suites.items()}
+    if args.heldout:
+        data = Dataset.load(Path(args.heldout))
+        for i in range(min(args.heldout_limit, len(data))):
+            name = "heldout"
+            if args.by_source:  # a record id's prefix is its source
+                name += ":" + data.meta["ids"][i].rsplit("-", 1)[0]
+            sets.setdefault(name, []).append(([int(t) for t in data.sequences[i]],
+                                              int(data.prompt_lens[i])))
+    drafts = {folder: load_draft_folder(Path(folder)) for folder in args.draft}
+    base = DFlashRuntime.from_pretrained(model=args.model, draft=args.draft[0])
+    out = {"command": "python " + " ".join(sys.argv), "walk": str(args.walk),
+           "edges": list(EDGES), "machine": machine_info(), "versions": versions(),
+           "sets": {}}
+    for name, seqs in sets.items():
+        confidence, agree = [], {k: [] for k in drafts}
+        for seq, prompt_len in seqs:
+            c = target_confidence(base.model, seq, prompt_len)
+            for k, draft in drafts.items():
+                runs = anchor_runs(draft, base.target, seq, prompt_len)  # anchor prompt_len + i
+                agree[k].append(runs[: len(c)] >= 1)
+            confidence.append(c[: len(runs)])
+        row = summarize(np.concatenate(confidence),
+                        {k: np.concatenate(v) for k, v in agree.items()})
+        out["sets"][name] = row
+        line = " ".join(f"{s:.2f}" for s in row["bucket_share"])
+        print(f"{name:9s} ({len(seqs)} replies) target top-1 "
+              f"{row['target_top1_mean']:.3f}  shares {line}")
+        for k, d in row["drafts"].items():
+            by = " ".join("-" if a is None else f"{a:.2f}" for a in d["agree_by_bucket"])
+            print(f"  {k}: agree {d['agree']:.3f}  by bucket {by}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

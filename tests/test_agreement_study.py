@@ -1,0 +1,63 @@
+"""scripts/agreement_by_confidence.py: the draft's first-slot agreement per bucket of the
+target's confidence."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from script_modules import load_script
+
+from engine import DFlashRuntime
+from engine.train.dataset import Dataset
+
+study = load_script("agreement_by_confidence")
+
+
+def test_buckets_hold_their_lower_edge():
+    c = np.array([0.0, 0.29, 0.3, 0.5, 0.95, 0.99, 0.999, 1.0])
+    assert study.buckets(c).tolist() == [0, 0, 1, 2, 4, 5, 5, 5]
+
+
+def test_confidence_is_the_one_for_the_token_the_first_slot_predicts(tiny_pairs):
+    target, draft = tiny_pairs("llama")
+    model = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft)).model
+    seq, prompt_len = list(range(3, 23)), 6
+    confidence = study.target_confidence(model, seq, prompt_len)
+    assert len(confidence) == len(seq) - 1 - prompt_len  # anchors prompt_len .. len - 2
+    for i in (0, 5, len(confidence) - 1):  # token prompt_len + 1 + i, from the prefix before
+        logits = model(mx.array(seq[: prompt_len + 1 + i])[None])[0, -1].astype(mx.float32)
+        assert abs(mx.softmax(logits).max().item() - confidence[i]) < 1e-5
+
+
+def test_report_on_a_tiny_pair(tiny_pairs, tmp_path):
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    prompt = [5, 9, 14, 2, 7]
+    reply = list(rt.generate(prompt, max_tokens=24, no_eos=True).tokens)
+    walk = tmp_path / "walk.json"
+    walk.write_text(json.dumps({"drafts": {str(draft): {"mt-bench": {"runs": [
+        {"prompt_tokens": prompt, "reply": reply}]}}}}))
+    out = tmp_path / "agree.json"
+    assert study.main([str(walk), "--model", str(target), "--draft", str(draft),
+                       "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["sets"]["mt-bench"]
+    assert row["tokens"] == len(reply) - 1
+    assert abs(sum(row["bucket_share"]) - 1) < 1e-9
+    d = row["drafts"][str(draft)]
+    by = [(s, a) for s, a in zip(row["bucket_share"], d["agree_by_bucket"]) if s > 0]
+    assert all(a is not None and 0 <= a <= 1 for _, a in by)
+    assert abs(sum(s * a for s, a in by) - d["agree"]) < 1e-9  # buckets add up to the whole
+    heldout = tmp_path / "heldout.npz"
+    Dataset([prompt + reply, prompt[:3] + reply[:10], prompt + reply[:12]], [5, 3, 5],
+            {"ids": ["sharegpt-7", "pycode-2", "sharegpt-9"]}).save(heldout)
+    assert study.main([str(walk), "--model", str(target), "--draft", str(draft), "--heldout",
+                       str(heldout), "--by-source", "--json", str(out)]) == 0
+    sets = json.loads(out.read_text())["sets"]
+    assert sets["heldout:sharegpt"]["tokens"] == len(reply) - 1 + 12 - 1
+    assert sets["heldout:pycode"]["tokens"] == 10 - 1
+    walk.write_text(json.dumps({"drafts": {"d": {"mt-bench": {"runs": [{"tokens": 3}]}}}}))
+    with pytest.raises(SystemExit, match="make it with --walk"):
+        study.main([str(walk), "--model", str(target), "--draft", str(draft)])
