@@ -54,11 +54,11 @@
 #            (slice 1/2 again: gen-20-1.npz, ~/.cache/dflash-chat/train-data/stage20/), then
 #            PART=ab AB_VARIANTS=a AB_S=270 LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" (not
 #            shipped: the fourth session with the suites level)
-#   next: stage gen-20-1.npz too; no new answers (160K distinct sequences are staged), the
-#            training time to a deeper draft: SOLO=1 PART=train TRAIN_ARGS="--depth 5"
-#            LR=1e-4 PROFILE=10 TRAIN_S=<both calls' seconds> PAUSE=<one call's>, then
-#            SOLO=1 PART=resume, on one machine (the schedule spans both calls); ship it
-#            8-bit (scripts/quantize_draft.py) if it beats stage 16 on the suites
+#   stage 21 (one H200): the same files plus gen-20-1.npz staged; SOLO=1 PART=train
+#            TRAIN_ARGS="--depth 5" LR=1e-4 PROFILE=10 TRAIN_S=880 PAUSE=440, then SOLO=1
+#            PART=resume with the same settings (stage 16 grown to 5 layers; its weights in
+#            ~/.cache/dflash-chat/train-data/stage21/half2, scripts/unpack_draft.py makes the
+#            folder; not shipped: held-out up 0.11, the suites level)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
