@@ -105,6 +105,28 @@ def test_tiny_synthetic_run(tmp_path, name, layers):
     assert report["draft_config"]["num_hidden_layers"] == 2
 
 
+def test_tiny_synthetic_run_queues_work_as_the_engine_does_on_a_gpu(tmp_path):
+    # The GPU defaults (the next draft queued before each sync, the verify streamed every
+    # few layers), asked for on the CPU: the same tokens and the oracle's own cycles.
+    def run(*switches: str) -> dict:
+        out = tmp_path / "syn.json"
+        rc = synthetic_main(["--synthetic", "qwen3.5-9b", "--layers", "4", "--ctx", "32",
+                             "--max-tokens", "81", "--tokens-per-cycle", "6", "--iters", "1",
+                             *switches, "--json", str(out), *tiny_args("qwen3.5-9b")])
+        assert rc == 0
+        return json.loads(out.read_text())
+
+    queued = run("--prefetch-draft", "on", "--stream-verify", "1")
+    assert queued["token_match"] is True
+    assert queued["settings"]["prefetch_draft"] is True
+    assert queued["settings"]["stream_every"] == 1
+    assert queued["dflash"]["cycle_tokens"] == expected_cycles(6, 81)
+    plain = run()  # 'auto' on a CPU: neither
+    assert plain["settings"]["prefetch_draft"] is False
+    assert plain["settings"]["stream_every"] == 0
+    assert plain["dflash"]["cycle_tokens"] == queued["dflash"]["cycle_tokens"]
+
+
 def test_consistent_reference_reaches_the_fixed_point():
     # A stand-in for a bf16 verify that flips the near-tie at index 3 to 99: the first run
     # on the plain-decoding reference diverges there, the second reproduces its reference.

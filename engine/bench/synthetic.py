@@ -33,7 +33,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..cycle import speculative_decode
+from ..config import DFlashConfig, stream_arg
+from ..cycle import prefetch_applies, speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
 from .environment import environment
@@ -156,13 +157,15 @@ class TimedTarget:
 def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                reference: Sequence[int], max_tokens: int, block_size: int,
                tokens_per_cycle: float, seed: int, draft_cost: bool = True,
-               profile: bool = False) -> tuple[Side, dict]:
+               profile: bool = False, prefetching: bool = False) -> tuple[Side, dict]:
     """speculative_decode (the engine's own loop) with the oracle proposer
     -> (the timed side, its cycle summary). `profile`: each phase and each verify forward
-    evaluated on its own (device times per phase, more syncs: not the run to time)."""
+    evaluated on its own (device times per phase, more syncs: not the run to time);
+    `prefetching`: the next draft forward queued before each cycle's sync (the runtime's
+    `prefetch_draft`)."""
     timed = TimedTarget(target) if profile else None
     oracle = Oracle(reference, tokens_per_cycle, block_size, target.vocab_size, seed)
-    proposer = OracleProposer(target, draft, oracle, draft_cost)
+    proposer = OracleProposer(target, draft, oracle, draft_cost, prefetching=prefetching)
     tokens: list[int] = []
     cycles, walls = [], []
     mx.reset_peak_memory()
@@ -259,8 +262,8 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                   draft_overrides: dict | None = None, dtype: str | None = None,
                   ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
                   block_size: int = 16, iters: int = 10, seed: int = 0,
-                  kernels: str | None = None, draft_cost: bool = True, warmup: bool = True
-                  ) -> dict:
+                  kernels: str | None = None, draft_cost: bool = True, warmup: bool = True,
+                  config: DFlashConfig | None = None) -> dict:
     from ..device import current
     from ..targets import adapter_for
 
@@ -272,6 +275,10 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     dargs = draft_args(name, target, draft_overrides)
     draft = build_draft(dargs, dtype, seed + 1)
     build_s = time.perf_counter() - built
+    # The queueing knobs as DFlashRuntime resolves them for this backend (whole blocks)
+    config = config or DFlashConfig()
+    prefetching = draft_cost and config.prefetch_for(backend) and prefetch_applies(draft, None)
+    target.launch_every = config.stream_every_for(backend) or 0
 
     rng = random.Random(seed)
     prompt = [rng.randrange(target.vocab_size) for _ in range(ctx)]
@@ -280,14 +287,14 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         n = min(8, max_tokens)
         ref = run_baseline(model, prompt, n, PREFILL_CHUNK).tokens
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
-                   draft_cost)
+                   draft_cost, prefetching=prefetching)
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
-                   draft_cost, profile=True)
+                   draft_cost, profile=True, prefetching=prefetching)
     base = run_baseline(model, prompt, max_tokens, PREFILL_CHUNK)
 
     def oracle_run(reference: Sequence[int], profile: bool = False) -> tuple[Side, dict]:
         return run_dflash(target, draft, prompt, reference, max_tokens, block_size,
-                          tokens_per_cycle, seed, draft_cost, profile)
+                          tokens_per_cycle, seed, draft_cost, profile, prefetching)
 
     # The oracle proposes what the verify itself chooses (see oracle.py), in every dtype.
     reference, rounds = consistent_reference(lambda r: oracle_run(r)[0].tokens, base.tokens)
@@ -320,7 +327,8 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "settings": {"ctx": ctx, "max_tokens": max_tokens, "block_size": block_size,
                      "tokens_per_cycle_target": tokens_per_cycle, "greedy": True,
                      "prefill_step": PREFILL_CHUNK, "seed": seed, "iters": iters,
-                     "draft_forward_timed": draft_cost, "warmup": warmup},
+                     "draft_forward_timed": draft_cost, "warmup": warmup,
+                     "prefetch_draft": prefetching, "stream_every": target.launch_every},
         "baseline_function": "mlx_lm.generate.generate_step",
         "build_s": build_s,
         "forward": fwd,
@@ -419,6 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-draft-forward", action="store_true",
                    help="do not run the real draft forward (draft cost not counted)")
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
+                   help="queue the next cycle's draft forward before its sync, as the engine "
+                        "does ('auto': on CUDA GPUs)")
+    p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
+                   help="queue each target forward's work every N layers, as the engine does "
+                        "('auto': on CUDA GPUs)")
     p.add_argument("--json", help="write the report here")
     return p
 
@@ -432,7 +446,9 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
     report = run_synthetic(
         args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
-        args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup)
+        args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup,
+        DFlashConfig(prefetch_draft={"on": True, "off": False}.get(args.prefetch_draft, "auto"),
+                     stream_verify=args.stream_verify))
     report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
                                                             else argv), **report}
     print("\n".join(summary_lines(report)))
