@@ -7,6 +7,8 @@ tokens the target is sure of (agreement within a bucket).
         benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
     python scripts/agreement_by_confidence.py walk.json --draft D [--draft E] \
         --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
+    python scripts/agreement_by_confidence.py --draft D --heldout benchmarks/stage5/heldout.npz \
+        --heldout-limit 255 --by-source --source sharegpt --source pycode --json F
 
 The suites' replies are the ones in walk.json (each run's prompt_tokens and reply, greedy,
 so the target's own); the first slot of a block anchored at position a predicts token a + 1
@@ -62,17 +64,23 @@ def summarize(confidence: np.ndarray, agree: dict[str, np.ndarray]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("walk", type=Path, help="a draft_acceptance.py --walk report")
+    p.add_argument("walk", type=Path, nargs="?",
+                   help="a draft_acceptance.py --walk report (its suites' replies)")
     p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
     p.add_argument("--model", help="the target (default: the default pair's, offline SmolLM2)")
     p.add_argument("--heldout", help="also these answers (a Dataset .npz)")
     p.add_argument("--heldout-limit", type=int, default=40)
     p.add_argument("--by-source", action="store_true",
                    help="one row per prompt source of the held-out answers")
+    p.add_argument("--source", action="append",
+                   help="only held-out answers to this source's prompts (repeatable)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
-    report = json.loads(args.walk.read_text())
-    replies = next(iter(report["drafts"].values()))  # the same greedy replies for every draft
+    if args.walk is None and not args.heldout:
+        raise SystemExit("nothing to measure. Fix: name a --walk report, --heldout, or both.")
+    replies = {}  # the same greedy replies for every draft of the report: the first one's
+    if args.walk is not None:
+        replies = next(iter(json.loads(args.walk.read_text())["drafts"].values()))
     suites = {suite: rows["runs"] for suite, rows in replies.items() if suite != "heldout"}
     if not all("reply" in r for runs in suites.values() for r in runs):
         raise SystemExit(f"{args.walk}: its runs keep no replies. Fix: make it with --walk.")
@@ -80,15 +88,17 @@ def main(argv: list[str] | None = None) -> int:
             for suite, runs in suites.items()}
     if args.heldout:
         data = Dataset.load(Path(args.heldout))
-        for i in range(min(args.heldout_limit, len(data))):
+        picked = [i for i in range(len(data))  # a record id's prefix is its source
+                  if not args.source or data.meta["ids"][i].rsplit("-", 1)[0] in args.source]
+        for i in picked[: args.heldout_limit]:
             name = "heldout"
-            if args.by_source:  # a record id's prefix is its source
+            if args.by_source:
                 name += ":" + data.meta["ids"][i].rsplit("-", 1)[0]
             sets.setdefault(name, []).append(([int(t) for t in data.sequences[i]],
                                               int(data.prompt_lens[i])))
     drafts = {folder: load_draft_folder(Path(folder)) for folder in args.draft}
     base = DFlashRuntime.from_pretrained(model=args.model, draft=args.draft[0])
-    out = {"command": "python " + " ".join(sys.argv), "walk": str(args.walk),
+    out = {"command": "python " + " ".join(sys.argv), "walk": args.walk and str(args.walk),
            "edges": list(EDGES), "machine": machine_info(), "versions": versions(),
            "sets": {}}
     for name, seqs in sets.items():

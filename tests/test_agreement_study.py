@@ -58,6 +58,12 @@ def test_report_on_a_tiny_pair(tiny_pairs, tmp_path):
     sets = json.loads(out.read_text())["sets"]
     assert sets["heldout:sharegpt"]["tokens"] == len(reply) - 1 + 12 - 1
     assert sets["heldout:pycode"]["tokens"] == 10 - 1
+    assert study.main(["--model", str(target), "--draft", str(draft), "--heldout",
+                       str(heldout), "--source", "pycode", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["sets"]) == ["heldout"]  # no walk: no suites
+    assert json.loads(out.read_text())["sets"]["heldout"]["tokens"] == 10 - 1
+    with pytest.raises(SystemExit, match="nothing to measure"):
+        study.main(["--model", str(target), "--draft", str(draft)])
     walk.write_text(json.dumps({"drafts": {"d": {"mt-bench": {"runs": [{"tokens": 3}]}}}}))
     with pytest.raises(SystemExit, match="make it with --walk"):
         study.main([str(walk), "--model", str(target), "--draft", str(draft)])
