@@ -37,6 +37,7 @@ from engine.train.objective import (
     block_loss,
     context_mask,
     forward_parts,
+    label_probability,
     make_batch,
     slot_logits,
     slot_weights,
@@ -330,6 +331,38 @@ def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair)
     half = block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=0.5)
     assert not mx.allclose(uniform, hard)
     assert mx.allclose(half, (hard + uniform) / 2, rtol=1e-5)
+
+
+def test_confidence_power_weights_each_slot_by_the_targets_label_probability(pair):
+    target, draft, batch, taps, w = random_blocks(pair, 2, sequences=3, length=40,
+                                                  prompt_len=8)
+    hard = block_loss(draft, target, batch, taps, w)
+    onehot = 1e4 * (mx.arange(target.vocab_size) == batch.labels[..., None])
+    assert mx.allclose(block_loss(draft, target, batch, taps, w, soft=onehot,
+                                  confidence_power=1.0), hard, rtol=1e-5)  # all sure: as before
+    # The target sure of every slot's label but slot 1's, where it is spread evenly: slot 1
+    # then weighs (1 / V) ** c of what it did, and the loss is the other slots' alone.
+    unsure = mx.where((mx.arange(batch.labels.shape[-1]) == 0)[None, None, :, None], 0.0, onehot)
+    p = label_probability(unsure, batch)
+    assert mx.allclose(p[..., 0], mx.array(1 / target.vocab_size)).item()
+    assert mx.allclose(p[..., 1:], mx.array(1.0)).item()
+    rest = mx.concatenate([mx.zeros((1,)), w[1:]])
+    weighted = block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=8.0)
+    assert mx.allclose(weighted, block_loss(draft, target, batch, taps, rest), rtol=1e-4)
+    assert not mx.allclose(weighted, hard)
+    assert block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=0.0) == hard
+
+
+def test_confidence_power_is_checked_and_trains(pair, tmp_path, capsys):
+    target_dir, *_ = pair
+    for bad in ("-1", "9", "much"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--model", "m", "--out", "o", "--confidence-power", bad])
+        assert "from 0 (off) to 8" in capsys.readouterr().err
+    run = tiny_run(target_dir, tmp_path)
+    plain, weighted = run("plain"), run("weighted", "--confidence-power", "1")
+    assert weighted["config"]["confidence_power"] == 1.0 and weighted["steps"] == 4
+    assert weighted["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_the_profiled_forward_parts_end_in_the_training_loss(pair):

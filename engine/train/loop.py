@@ -119,6 +119,7 @@ class TrainConfig:
     progress: bool = True
     loss_gamma: float | None = None  # slot weights exp(-(k-1)/gamma); default by block size
     distill: float = 0.0  # share of the loss against the target's distribution (soft_labels)
+    confidence_power: float = 0.0  # slot weights x the target's label probability ** this
 
     @property
     def gamma(self) -> float:
@@ -453,7 +454,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     loss_and_grad = nn.value_and_grad(draft, lambda b, t, s: block_loss(
-        draft, target, b, t, weights, head, s, cfg.distill))
+        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power))
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
     earlier: dict[str, Any] = {}  # the log of the run this one resumes
     if cfg.resume and (state_dir / "step.json").is_file():
@@ -518,7 +519,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
-                                          final=cfg.distill > 0)
+                                          final=cfg.distill > 0 or cfg.confidence_power > 0)
             soft = None if final is None else soft_labels(final, batch, head)
             _lap(clock, phase_ms, "target", taps, *([] if soft is None else [soft]))
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
@@ -735,9 +736,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distill", type=_share, default=d.distill, metavar="W",
                    help="train a W share of the loss (0..1) against the target's own "
                         "next-token distribution instead of its greedy token alone")
+    p.add_argument("--confidence-power", type=_power, default=d.confidence_power, metavar="C",
+                   help="weight each slot's loss by the target's probability of its token to "
+                        "the power C (0: off), so the draft spends itself on the tokens the "
+                        "target is sure of rather than on its coin flips")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
+
+
+def _power(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 8.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a power from 0 (off) to 8, e.g. 1")
+    return value
 
 
 def _share(text: str) -> float:

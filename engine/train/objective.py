@@ -206,16 +206,17 @@ def soft_labels(final: mx.array, batch: Batch, head: Head) -> mx.array:
 
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
-               soft_weight: float = 0.0) -> mx.array:
+               soft_weight: float = 0.0, confidence_power: float = 0.0) -> mx.array:
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
-    says how close the runner-up tokens were."""
+    says how close the runner-up tokens were, and with `confidence_power` c each slot
+    weighted by the target's probability of its label to the power c."""
     return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
-                     soft_weight)
+                     soft_weight, confidence_power)
 
 
 def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
-              soft_weight: float = 0.0) -> mx.array:
+              soft_weight: float = 0.0, confidence_power: float = 0.0) -> mx.array:
     """`block_loss` from the slots' logits [N, A, B-1, V]."""
     logits = logits.astype(mx.float32)
     norm = mx.logsumexp(logits, axis=-1)
@@ -224,7 +225,18 @@ def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array 
         p = mx.softmax(soft.astype(mx.float32), axis=-1)
         ce = (1 - soft_weight) * ce + soft_weight * (norm - (p * logits).sum(axis=-1))
     w = batch.valid * weights
+    if soft is not None and confidence_power > 0:
+        # A token the target itself is unsure of is a coin flip for the draft too: the
+        # weight goes to the tokens the target is sure of, which a run needs unbroken.
+        w = w * label_probability(soft, batch) ** confidence_power
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
+
+
+def label_probability(soft: mx.array, batch: Batch) -> mx.array:
+    """[N, A, B-1]: the target's probability of each slot's label (`soft_labels` logits)."""
+    soft = soft.astype(mx.float32)
+    label = mx.take_along_axis(soft, batch.labels[..., None], axis=-1)[..., 0]
+    return mx.stop_gradient(mx.exp(label - mx.logsumexp(soft, axis=-1)))
 
 
 def block_runs(logits: mx.array, batch: Batch) -> mx.array:
