@@ -353,16 +353,20 @@ def test_confidence_power_weights_each_slot_by_the_targets_label_probability(pai
     assert block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=0.0) == hard
 
 
-def test_confidence_power_is_checked_and_trains(pair, tmp_path, capsys):
+@pytest.mark.parametrize("flag, good, bads, hint", [
+    ("--distill", 0.5, ("1.5", "-0.1", "half"), "between 0 and 1"),
+    ("--confidence-power", 1.0, ("-1", "9", "much"), "from 0 (off) to 8"),
+])
+def test_loss_options_are_checked_and_train(pair, tmp_path, capsys, flag, good, bads, hint):
     target_dir, *_ = pair
-    for bad in ("-1", "9", "much"):
+    for bad in bads:
         with pytest.raises(SystemExit):
-            build_parser().parse_args(["--model", "m", "--out", "o", "--confidence-power", bad])
-        assert "from 0 (off) to 8" in capsys.readouterr().err
+            build_parser().parse_args(["--model", "m", "--out", "o", flag, bad])
+        assert hint in capsys.readouterr().err
     run = tiny_run(target_dir, tmp_path)
-    plain, weighted = run("plain"), run("weighted", "--confidence-power", "1")
-    assert weighted["config"]["confidence_power"] == 1.0 and weighted["steps"] == 4
-    assert weighted["history"][-1]["loss"] != plain["history"][-1]["loss"]
+    plain, changed = run("plain"), run("changed", flag, str(good))
+    assert changed["config"][flag[2:].replace("-", "_")] == good and changed["steps"] == 4
+    assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_the_profiled_forward_parts_end_in_the_training_loss(pair):
@@ -373,19 +377,6 @@ def test_the_profiled_forward_parts_end_in_the_training_loss(pair):
     N, A, K = batch.labels.shape
     assert parts["forward_head"].shape == (N, A, K, target.vocab_size)
     assert mx.array_equal(parts["forward_loss"], block_loss(draft, target, batch, taps, w))
-
-
-def test_distill_share_is_checked_and_trains(pair, tmp_path, capsys):
-    target_dir, *_ = pair
-    for bad in ("1.5", "-0.1", "half"):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["--model", "m", "--out", "o", "--distill", bad])
-        assert "between 0 and 1" in capsys.readouterr().err
-    run = tiny_run(target_dir, tmp_path)
-
-    plain, distilled = run("plain"), run("distilled", "--distill", "0.5")
-    assert distilled["config"]["distill"] == 0.5 and distilled["steps"] == 4
-    assert distilled["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_train_end_to_end_round_trips(pair, tmp_path):

@@ -745,24 +745,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _power(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 8.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a power from 0 (off) to 8, e.g. 1")
-    return value
+def _number_in(low: float, high: float, wanted: str) -> Callable[[str], float]:
+    """An argparse type for a number from `low` to `high`; `wanted` says what to give."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {wanted}")
+        return value
+    return parse
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a share between 0 and 1, e.g. 0.5")
-    return value
+_share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
+_power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:
