@@ -217,14 +217,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-padding", choices=["on", "off"], default="on",
                    help="with the verify cut on, verify the cheapest length at or above the "
                         "cut's, measured once per machine (default on); 'off': the cut's own")
-    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
-                   help="queue the next cycle's draft forward before the cycle's host sync "
-                        "(greedy, whole blocks: on a CPU add --min-confidence off); 'auto' "
-                        "(default): on CUDA GPUs, off on CPU and Metal")
-    p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
-                   help="queue each target forward's work every N layers while the rest of "
-                        "its graph is built, so a GPU starts early; 'auto' (default): "
-                        f"{GPU_STREAM_EVERY} on CUDA GPUs, off on CPU and Metal")
+    add_queueing_args(p)
     p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
                    help="run each full-block verify of a llama/qwen2/qwen3 target as one "
                         "compiled forward (meant for GPUs at checkpoint precision: it rounds "
@@ -304,6 +297,25 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="repeatable sampling")
 
 
+def add_queueing_args(p: argparse.ArgumentParser) -> None:
+    """The flags for work queued before the host needs it (also `dflash benchmark
+    --synthetic`'s)."""
+    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
+                   help="queue the next cycle's draft forward before the cycle's host sync "
+                        "(greedy, whole blocks: on a CPU add --min-confidence off); 'auto' "
+                        "(default): on CUDA GPUs, off on CPU and Metal")
+    p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
+                   help="queue each target forward's work every N layers while the rest of "
+                        "its graph is built, so a GPU starts early; 'auto' (default): "
+                        f"{GPU_STREAM_EVERY} on CUDA GPUs, off on CPU and Metal")
+
+
+def queueing_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """add_queueing_args' flags as DFlashConfig fields."""
+    return {"prefetch_draft": {"on": True, "off": False}.get(args.prefetch_draft, "auto"),
+            "stream_verify": args.stream_verify}
+
+
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """add_sampling_args' flags as generate() keyword arguments."""
     return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -316,9 +328,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         dtype=args.dtype,
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
-                        prefetch_draft={"on": True, "off": False}.get(args.prefetch_draft,
-                                                                      "auto"),
-                        stream_verify=args.stream_verify,
+                        **queueing_from_args(args),
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,

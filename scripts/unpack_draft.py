@@ -12,9 +12,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-METADATA = {"format": "mlx", "producer": "dflash train-draft"}
+import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS)
+import mlx.core as mx  # noqa: E402
+from engine.train.loop import CHECKPOINT_METADATA  # noqa: E402
 
 
 def unpack(src: Path, dst: Path) -> int:
@@ -31,7 +33,7 @@ def unpack(src: Path, dst: Path) -> int:
         if overlap := weights.keys() & part.keys():
             raise SystemExit(f"{half}: tensors also in another half: {sorted(overlap)[:3]}")
         weights.update(part)
-    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata=METADATA)
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata=CHECKPOINT_METADATA)
     return len(weights)
 
 

@@ -42,6 +42,9 @@ class Oracle:
         self.block_size, self.vocab = block_size, vocab
         self.rng = random.Random(seed)
         self.p = min(max((tokens_per_cycle - 1) / (block_size - 1), 0.0), 1.0)
+        n = block_size - 1  # the accept counts' distribution function, Binomial(n, p)
+        self._cdf = list(accumulate(math.comb(n, k) * self.p ** k * (1 - self.p) ** (n - k)
+                                    for k in range(n + 1)))
         self._drawn: list[int] = []  # what is left of the current round
         self._rounds = self._total = 0  # rounds drawn, and their counts' sum
         self.base: int | mx.array | None = None  # the first position (on the device: pipelined)
@@ -70,10 +73,8 @@ class Oracle:
         probability, nudged by ones until all rounds' sum is the nearest integer to their
         count x the mean, in a drawn order."""
         n = self.block_size - 1
-        cdf = list(accumulate(math.comb(n, k) * self.p ** k * (1 - self.p) ** (n - k)
-                              for k in range(n + 1)))
         points = [(j + self.rng.random()) / ROUND for j in range(ROUND)]
-        counts = [next((k for k, c in enumerate(cdf) if c >= u), n) for u in points]
+        counts = [next((k for k, c in enumerate(self._cdf) if c >= u), n) for u in points]
         self._rounds += 1  # the sum so far stays the nearest integer to the mean's
         want = round(self._rounds * ROUND * n * self.p) - self._total
         self._total += want

@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..config import DFlashConfig, stream_arg
+from ..config import DFlashConfig, add_queueing_args, queueing_from_args
 from ..cycle import prefetch_applies, speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..targets.base import TargetAdapter, text_args
@@ -427,12 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-draft-forward", action="store_true",
                    help="do not run the real draft forward (draft cost not counted)")
     p.add_argument("--no-warmup", action="store_true")
-    p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
-                   help="queue the next cycle's draft forward before its sync, as the engine "
-                        "does ('auto': on CUDA GPUs)")
-    p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
-                   help="queue each target forward's work every N layers, as the engine does "
-                        "('auto': on CUDA GPUs)")
+    add_queueing_args(p)  # as the engine queues work
     p.add_argument("--json", help="write the report here")
     return p
 
@@ -447,8 +442,7 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
         args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup,
-        DFlashConfig(prefetch_draft={"on": True, "off": False}.get(args.prefetch_draft, "auto"),
-                     stream_verify=args.stream_verify))
+        DFlashConfig(**queueing_from_args(args)))
     report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
                                                             else argv), **report}
     print("\n".join(summary_lines(report)))

@@ -200,13 +200,15 @@ def grow_taps(draft: DFlashDraft, taps: Sequence[int]) -> DFlashDraft:
     return grown
 
 
+CHECKPOINT_METADATA = {"format": "mlx", "producer": "dflash train-draft"}
+
+
 def save_checkpoint(draft: DFlashDraft, out: Path, dtype: mx.Dtype) -> None:
     """The published layout: config.json + model.safetensors, no prefix, no embedding/head."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(draft.args.to_config(), indent=2))
     weights = {k: v.astype(dtype) for k, v in tree_flatten(draft.parameters())}
-    mx.save_safetensors(str(out / "model.safetensors"), weights,
-                        metadata={"format": "mlx", "producer": "dflash train-draft"})
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata=CHECKPOINT_METADATA)
 
 
 def save_state(optimizer: optim.Optimizer, draft: DFlashDraft, step: int, total: int,
