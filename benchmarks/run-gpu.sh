@@ -21,6 +21,9 @@
 #                (projections, RoPE, attention, MLP) at both (scripts/gpu_cycle_probe.py
 #                --parts forward,pieces), at checkpoint precision: where a verify's extra
 #                device time goes
+#   PART=verify-pieces the same for the synthetic Qwen3.5-9B in bf16 (scripts/verify_pieces.py):
+#                its GatedDeltaNet and attention layers' pieces at T=16 and T=1 after 2,048
+#                cached tokens, ranked by what 16 tokens cost over 1 (T_verify16 / T_ar)
 #   PART=attention issue 13's fused block-attention kernel (on by default on CUDA) against
 #                MLX's attention: exactness and timing (scripts/gpu_attention_check.py), then
 #                the oracle rows and the three suites at 256 tokens with the defaults, and again
@@ -109,6 +112,9 @@ pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (the
   # session gave it 120 s on a fresh machine and it printed nothing: kernels build first)
   MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
+verify-pieces)  # issue 13: where the 9B shape's bf16 verify spends beyond a plain step
+  TAIL=30 step 300 python3 scripts/verify_pieces.py --synthetic qwen3.5-9b \
+    --json "$OUT/verify-pieces-qwen3.5-9b-bf16-h200.json" ;;
 attention)  # issue 13: a verify block's attention in one kernel instead of MLX's fallback
   TAIL=12 step 240 python3 scripts/gpu_attention_check.py --out "$OUT/gpu-attention-check-h200.json"
   oracle_rows; rows
@@ -154,7 +160,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|attention|overlap|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|verify-pieces|attention|overlap|sources|sampled|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0

@@ -36,13 +36,13 @@ from engine.bench.metrics import repeated_ngram_share  # noqa: E402
 from engine.bench.peaked import WEIGHTS, greedy_margins  # noqa: E402
 from engine.bench.synthetic import (  # noqa: E402
     PREFILL_CHUNK,
-    _kv,
     _materialize,
     build_draft,
     draft_args,
     forward_timings,
     lazy_target,
     load_spec,
+    parse_overrides,
     run_dflash,
     target_config,
 )
@@ -128,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     backend = current()
     dtype = args.dtype or ("float32" if backend == "cpu" else "bfloat16")
     built = time.perf_counter()
-    model = build_sharded_target(args.synthetic, args.layers, _kv(args.override), dtype,
+    overrides = parse_overrides(args.override)
+    model = build_sharded_target(args.synthetic, args.layers, overrides, dtype,
                                  group, args.seed)
     target = adapter_for(model)
     target.lockstep = step
-    dargs = draft_args(args.synthetic, target, _kv(args.draft_override))
+    dargs = draft_args(args.synthetic, target, parse_overrides(args.draft_override))
     draft = build_draft(dargs, dtype, args.seed + 1)
     build_s = time.perf_counter() - built
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             "distributed_backend": args.backend,
             "ranks": step.size,
             "dtype": dtype,
-            "target_config": target_config(args.synthetic, args.layers, _kv(args.override)),
+            "target_config": target_config(args.synthetic, args.layers, overrides),
             "draft_config": dargs.to_config(),
             "settings": {"ctx": args.ctx, "max_tokens": args.max_tokens,
                          "block_size": args.block_size, "greedy": True,

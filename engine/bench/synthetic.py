@@ -393,7 +393,8 @@ def summary_lines(r: dict) -> list[str]:
     ]
 
 
-def _kv(items: list[str]) -> dict:
+def parse_overrides(items: list[str]) -> dict:
+    """["key=value", ...] -> {key: the JSON value, or the text where it is not JSON}."""
     out = {}
     for item in items:
         key, _, value = item.partition("=")
@@ -439,7 +440,8 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
     if args.ctx < args.block_size:
         raise SystemExit(f"--ctx must be at least --block-size ({args.block_size})")
     report = run_synthetic(
-        args.synthetic, args.layers, _kv(args.override), _kv(args.draft_override),
+        args.synthetic, args.layers, parse_overrides(args.override),
+        parse_overrides(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
         args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup,
         DFlashConfig(**queueing_from_args(args)))
