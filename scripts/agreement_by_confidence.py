@@ -1,7 +1,9 @@
 """How often a draft's first slot agrees with the target, per bucket of the target's own
 confidence (its top-1 probability for that token): where a suite's lower tokens/cycle
 comes from, the target being less sure there (the buckets' shares) or the draft missing
-tokens the target is sure of (agreement within a bucket).
+tokens the target is sure of (agreement within a bucket), and whether those are tokens the
+context holds to copy (the pair of the anchor and the token in the prompt or earlier in the
+reply) or new ones.
 
     python scripts/draft_acceptance.py --draft D --limit 8 --walk --heldout \
         benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
@@ -34,6 +36,8 @@ from engine.train.dataset import Dataset  # noqa: E402
 from engine.train.objective import anchor_runs  # noqa: E402
 
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+SURE = 0.9
+NOVELTY = ("new", "in_prompt", "in_reply")
 
 
 def target_confidence(model, seq: list[int], prompt_len: int) -> np.ndarray:
@@ -48,16 +52,38 @@ def buckets(confidence: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(EDGES, confidence, side="right") - 1, 0, len(EDGES) - 2)
 
 
-def summarize(confidence: np.ndarray, agree: dict[str, np.ndarray]) -> dict:
+def novelty(seq: list[int], prompt_len: int) -> np.ndarray:
+    """Per reply token after the first (as `target_confidence`): 1 where the pair (previous
+    token, token) occurs in the prompt, else 2 where it occurred earlier in the reply, else 0
+    (new: nothing in the context to copy it from)."""
+    in_prompt = set(zip(seq[:prompt_len - 1], seq[1:prompt_len]))
+    in_reply: set[tuple[int, int]] = set()
+    out = []
+    for a in range(prompt_len, len(seq) - 1):
+        in_reply.add((seq[a - 1], seq[a]))  # the pair ending at the anchor
+        pair = (seq[a], seq[a + 1])
+        out.append(1 if pair in in_prompt else 2 if pair in in_reply else 0)
+    return np.array(out, np.int8)
+
+
+def summarize(confidence: np.ndarray, agree: dict[str, np.ndarray],
+              novel: np.ndarray) -> dict:
     b = buckets(confidence)
     n = len(EDGES) - 1
+    sure = confidence > SURE
     return {
         "tokens": int(len(confidence)),
         "target_top1_mean": float(confidence.mean()),
         "bucket_share": [float(np.mean(b == i)) for i in range(n)],
+        "novelty_share": {k: float(np.mean(novel == i)) for i, k in enumerate(NOVELTY)},
         "drafts": {name: {"agree": float(hit.mean()),
                           "agree_by_bucket": [float(hit[b == i].mean()) if (b == i).any()
-                                              else None for i in range(n)]}
+                                              else None for i in range(n)],
+                          # the target sure (> SURE): new tokens against copyable ones
+                          "agree_sure_by_novelty": {
+                              k: float(hit[sure & (novel == i)].mean())
+                              if (sure & (novel == i)).any() else None
+                              for i, k in enumerate(NOVELTY)}}
                    for name, hit in agree.items()},
     }
 
@@ -102,22 +128,25 @@ def main(argv: list[str] | None = None) -> int:
            "edges": list(EDGES), "machine": machine_info(), "versions": versions(),
            "sets": {}}
     for name, seqs in sets.items():
-        confidence, agree = [], {k: [] for k in drafts}
+        confidence, novel, agree = [], [], {k: [] for k in drafts}
         for seq, prompt_len in seqs:
             c = target_confidence(base.model, seq, prompt_len)
             for k, draft in drafts.items():
                 runs = anchor_runs(draft, base.target, seq, prompt_len)  # anchor prompt_len + i
                 agree[k].append(runs[: len(c)] >= 1)
             confidence.append(c[: len(runs)])
+            novel.append(novelty(seq, prompt_len)[: len(runs)])
         row = summarize(np.concatenate(confidence),
-                        {k: np.concatenate(v) for k, v in agree.items()})
+                        {k: np.concatenate(v) for k, v in agree.items()}, np.concatenate(novel))
         out["sets"][name] = row
         line = " ".join(f"{s:.2f}" for s in row["bucket_share"])
         print(f"{name:9s} ({len(seqs)} replies) target top-1 "
               f"{row['target_top1_mean']:.3f}  shares {line}")
         for k, d in row["drafts"].items():
             by = " ".join("-" if a is None else f"{a:.2f}" for a in d["agree_by_bucket"])
-            print(f"  {k}: agree {d['agree']:.3f}  by bucket {by}", flush=True)
+            sure = " ".join("-" if a is None else f"{n} {a:.2f}"
+                            for n, a in d["agree_sure_by_novelty"].items())
+            print(f"  {k}: agree {d['agree']:.3f}  by bucket {by}  sure: {sure}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -21,6 +21,14 @@ def test_buckets_hold_their_lower_edge():
     assert study.buckets(c).tolist() == [0, 0, 1, 2, 4, 5, 5, 5]
 
 
+def test_novelty_says_where_the_context_holds_the_pair_to_copy():
+    # prompt 1 2 3 | reply 9 1 2 9 4 9 4: tokens after the first reply token, each with the
+    # anchor before it: (9,1) new, (1,2) in the prompt, (2,9) new, (9,4) new, (4,9) new,
+    # (9,4) earlier in the reply
+    seq, prompt_len = [1, 2, 3, 9, 1, 2, 9, 4, 9, 4], 3
+    assert study.novelty(seq, prompt_len).tolist() == [0, 1, 0, 0, 0, 2]
+
+
 def test_confidence_is_the_one_for_the_token_the_first_slot_predicts(tiny_pairs):
     target, draft = tiny_pairs("llama")
     model = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft)).model
@@ -50,6 +58,8 @@ def test_report_on_a_tiny_pair(tiny_pairs, tmp_path):
     by = [(s, a) for s, a in zip(row["bucket_share"], d["agree_by_bucket"]) if s > 0]
     assert all(a is not None and 0 <= a <= 1 for _, a in by)
     assert abs(sum(s * a for s, a in by) - d["agree"]) < 1e-9  # buckets add up to the whole
+    assert abs(sum(row["novelty_share"].values()) - 1) < 1e-9
+    assert set(d["agree_sure_by_novelty"]) == {"new", "in_prompt", "in_reply"}
     heldout = tmp_path / "heldout.npz"
     Dataset([prompt + reply, prompt[:3] + reply[:10], prompt + reply[:12]], [5, 3, 5],
             {"ids": ["sharegpt-7", "pycode-2", "sharegpt-9"]}).save(heldout)
