@@ -16,7 +16,9 @@ recurrence as plain decoding runs it (mlx-lm's gated_delta_update) and as the ve
 layers: the projections, and the whole mixer over the cached keys through the engine's
 attention and through mlx-lm's. Every layer: its two norms and its MLP. Once: the head (final
 norm and lm_head) and the argmax over its logits. `extra_ms` ranks the pieces by what 16
-tokens cost over 1: where a verify's time beyond a plain step goes.
+tokens cost over 1: where a verify's time beyond a plain step goes. Last, the rollback after a
+16-token verify to 1, 8 and 15 kept tokens, whole (build and device) and its tape replays
+alone.
 """
 
 from __future__ import annotations
@@ -149,6 +151,46 @@ def pieces_at(target: TargetAdapter, cache: list[Any], T: int, iters: int) -> di
     return row
 
 
+def rollback_pieces(target: TargetAdapter, cache: list[Any], iters: int,
+                    keeps: tuple[int, ...] = (1, 8, 15)) -> dict:
+    """After a 16-token verify (evaluated, untimed): the adapter's whole rollback to `keep`
+    tokens (build and device), and the tape replays alone (every linear layer's, one
+    evaluation): what a cycle's rollback phase pays beyond the replay kernels."""
+    from engine.kernels.portable import Tape
+
+    block = mx.array([[(17 * i) % (target.vocab_size - 1) + 1 for i in range(16)]])
+    mixer = next(layer.linear_attn for layer in target.layers if layer.is_linear)
+    Hk, Hv, Dk, Dv = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
+    n_linear = sum(layer.is_linear for layer in target.layers)
+    states = [rand((1, Hv, Dv, Dk), mx.float32) for _ in range(n_linear)]
+    tape = Tape(rand((1, 16, Hv, Dv), mx.float32), rand((1, 16, Hk, Dk), mx.float32),
+                mx.full((1, 16, Hv), 0.9))
+    mx.eval(states, *tape)
+    out = {}
+    for keep in keeps:
+        whole, build = [], []
+        for i in range(iters + 2):
+            target.begin_verify(cache)
+            logits, _ = target.forward(block, cache, [])
+            mx.eval(logits, cache_arrays(cache))
+            start = time.perf_counter()
+            target.rollback(cache, keep=keep, verified=16)
+            built = time.perf_counter()
+            mx.eval(cache_arrays(cache))
+            if i >= 2:
+                whole.append(time.perf_counter() - start)
+                build.append(built - start)
+            for layer, c in zip(target.layers, cache, strict=True):  # the KV back to the
+                if not layer.is_linear:  # prompt (the linear states move on: same shapes)
+                    c.trim(keep)
+        replay = time_piece([lambda st=st, keep=keep: target.kernels.replay(st, tape, keep)
+                             for st in states], iters, lambda: None)
+        out[f"keep{keep}"] = {"rollback_ms": 1e3 * statistics.median(whole),
+                              "rollback_build_ms": 1e3 * statistics.median(build),
+                              "replay_kernels_ms": replay["ms"], "linear_layers": n_linear}
+    return out
+
+
 def sum_as_run(row: dict, verify: bool) -> float:
     """The pieces a plain step (mlx-lm's recurrence and attention) or a verify (the engine's)
     runs, summed; the attention projections are inside the mixers."""
@@ -170,6 +212,7 @@ def measure(name: str, layers: int | None, overrides: dict, dtype: str, ctx: int
     cache = target.make_cache()
     prefill(target, cache, prompt, 512)
     rows = {f"T{T}": pieces_at(target, cache, T, iters) for T in (1, 16)}
+    rollback = rollback_pieces(target, cache, iters)
     extra = sorted(((k, rows["T16"][k]["ms"] - rows["T1"][k]["ms"]) for k in rows["T1"]),
                    key=lambda kv: -kv[1])
     return {
@@ -178,6 +221,7 @@ def measure(name: str, layers: int | None, overrides: dict, dtype: str, ctx: int
         "pieces_sum_ms": {"plain_T1": sum_as_run(rows["T1"], verify=False),
                           "verify_T16": sum_as_run(rows["T16"], verify=True)},
         "extra_ms": [{"piece": k, "ms": v} for k, v in extra],
+        "rollback": rollback,
         "kernels": target.kernels.name,
     }
 
@@ -210,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     for e in report["extra_ms"]:
         t1, t16 = (report["pieces"][t][e["piece"]]["ms"] for t in ("T1", "T16"))
         print(f"  {e['piece']:24s} T1 {t1:8.3f}  T16 {t16:8.3f}  extra {e['ms']:+8.3f} ms")
+    for keep, r in report["rollback"].items():
+        print(f"  rollback {keep}: {r['rollback_ms']:.3f} ms (build {r['rollback_build_ms']:.3f}),"
+              f" the {r['linear_layers']} tape replays alone {r['replay_kernels_ms']:.3f} ms")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

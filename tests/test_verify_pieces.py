@@ -34,6 +34,9 @@ def test_every_piece_of_every_layer_is_timed_and_the_caches_are_left_as_found(tm
     assert extra == sorted(extra, reverse=True) and len(extra) == len(report["pieces"]["T1"])
     assert set(report["pieces_sum_ms"]) == {"plain_T1", "verify_T16"}
     assert report["whole"]["t_ar_s"] > 0 and report["whole"]["ctx"] == 40
+    assert set(report["rollback"]) == {"keep1", "keep8", "keep15"}
+    assert all(r["linear_layers"] == 2 and r["rollback_ms"] > r["rollback_build_ms"] > 0
+               for r in report["rollback"].values())
 
     # The mixers append T keys to the layers' caches: each evaluation trims them again.
     from engine.bench.synthetic import build_target, parse_overrides
@@ -44,4 +47,6 @@ def test_every_piece_of_every_layer_is_timed_and_the_caches_are_left_as_found(tm
     cache = target.make_cache()
     prefill(target, cache, list(range(1, 41)), 512)
     vp.pieces_at(target, cache, 16, 1)
+    assert [c.offset for layer, c in zip(target.layers, cache) if not layer.is_linear] == [40, 40]
+    vp.rollback_pieces(target, cache, 1)
     assert [c.offset for layer, c in zip(target.layers, cache) if not layer.is_linear] == [40, 40]
