@@ -33,6 +33,7 @@ from engine.train.loop import (
 )
 from engine.train.objective import (
     Batch,
+    anchor_probability,
     anchor_runs,
     block_loss,
     context_mask,
@@ -42,6 +43,7 @@ from engine.train.objective import (
     slot_logits,
     slot_weights,
     soft_labels,
+    surprise_weights,
     target_features,
     target_taps,
     tokens_per_cycle,
@@ -353,9 +355,48 @@ def test_confidence_power_weights_each_slot_by_the_targets_label_probability(pai
     assert block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=0.0) == hard
 
 
+def test_anchor_probability_is_the_targets_for_each_blocks_anchor_token(pair):
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    rng = np.random.default_rng(4)
+    seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(2)]
+    batch = make_batch(Dataset(seqs, [6, 6]), [0, 1], 5, draft.args.block_size,
+                       draft.args.mask_token_id, rng)
+    _, final = target_features(target, batch.tokens, draft.args.target_layer_ids, final=True)
+    p = anchor_probability(final, batch, target.lm_head)
+    assert p.shape == batch.anchors.shape
+    for n, a in ((0, 0), (1, 3)):  # the softmax of the plain forward before the anchor
+        at = int(batch.anchors[n, a])
+        logits = model(mx.array(seqs[n][:at])[None])[0, -1].astype(mx.float32)
+        expected = mx.softmax(logits)[seqs[n][at]].item()
+        assert abs(p[n, a].item() - expected) < 1e-5
+
+
+def test_surprise_weights_lean_on_blocks_after_unsure_anchors(pair):
+    target, draft, batch, taps, w = random_blocks(pair, 5, sequences=2, length=40,
+                                                  prompt_len=8)
+    sure = mx.ones(batch.anchors.shape)
+    assert mx.array_equal(surprise_weights(sure, 4.0), sure)
+    assert mx.allclose(surprise_weights(mx.zeros(sure.shape), 4.0), 5 * sure).item()
+    hard = block_loss(draft, target, batch, taps, w)
+    assert mx.allclose(block_loss(draft, target, batch, taps, w, block_weights=3 * sure),
+                       hard, rtol=1e-6)  # a uniform weight changes nothing
+    # Every weight on one block: the loss is that block's own.
+    one = mx.zeros(sure.shape).at[1, 2].add(1.0)
+    alone = block_loss(draft, target, batch, taps, w, block_weights=one)
+    valid = batch.valid * w
+    logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
+    ce = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(
+        logits, batch.labels[..., None], axis=-1)[..., 0]
+    own = (ce[1, 2] * valid[1, 2]).sum() / valid[1, 2].sum()
+    assert mx.allclose(alone, own, rtol=1e-5).item() and not mx.allclose(alone, hard).item()
+
+
 @pytest.mark.parametrize("flag, good, bads, hint", [
     ("--distill", 0.5, ("1.5", "-0.1", "half"), "between 0 and 1"),
     ("--confidence-power", 1.0, ("-1", "9", "much"), "from 0 (off) to 8"),
+    ("--surprise-weight", 4.0, ("-1", "101", "much"), "from 0 (off) to 100"),
 ])
 def test_loss_options_are_checked_and_train(pair, tmp_path, capsys, flag, good, bads, hint):
     target_dir, *_ = pair

@@ -46,6 +46,7 @@ from .dataset import (
 )
 from .generate import ATTENTION, generate_dataset
 from .objective import (
+    anchor_probability,
     block_loss,
     forward_parts,
     low_precision_head,
@@ -54,6 +55,7 @@ from .objective import (
     slot_logits,
     slot_weights,
     soft_labels,
+    surprise_weights,
     target_features,
     target_taps,
     tokens_per_cycle,
@@ -120,6 +122,7 @@ class TrainConfig:
     loss_gamma: float | None = None  # slot weights exp(-(k-1)/gamma); default by block size
     distill: float = 0.0  # share of the loss against the target's distribution (soft_labels)
     confidence_power: float = 0.0  # slot weights x the target's label probability ** this
+    surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
 
     @property
     def gamma(self) -> float:
@@ -455,8 +458,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
-    loss_and_grad = nn.value_and_grad(draft, lambda b, t, s: block_loss(
-        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power))
+    loss_and_grad = nn.value_and_grad(draft, lambda b, t, s, bw: block_loss(
+        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw))
+    uses_soft = cfg.distill > 0 or cfg.confidence_power > 0
+    uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
     earlier: dict[str, Any] = {}  # the log of the run this one resumes
     if cfg.resume and (state_dir / "step.json").is_file():
@@ -521,14 +526,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
-                                          final=cfg.distill > 0 or cfg.confidence_power > 0)
-            soft = None if final is None else soft_labels(final, batch, head)
-            _lap(clock, phase_ms, "target", taps, *([] if soft is None else [soft]))
+                                          final=uses_final)
+            soft = None if final is None or not uses_soft else soft_labels(final, batch, head)
+            block_w = None if final is None or not cfg.surprise_weight else surprise_weights(
+                anchor_probability(final, batch, head), cfg.surprise_weight)
+            _lap(clock, phase_ms, "target", taps,
+                 *[x for x in (soft, block_w) if x is not None])
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             if clock is not None:  # where the forward's time goes (extra work, timed steps only)
                 for phase, part in forward_parts(draft, target, batch, taps, weights, head):
                     _lap(clock, phase_ms, phase, part)
-            loss, grads = loss_and_grad(batch, taps, soft)
+            loss, grads = loss_and_grad(batch, taps, soft, block_w)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
@@ -742,6 +750,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight each slot's loss by the target's probability of its token to "
                         "the power C (0: off), so the draft spends itself on the tokens the "
                         "target is sure of rather than on its coin flips")
+    p.add_argument("--surprise-weight", type=_strength, default=d.surprise_weight, metavar="S",
+                   help="weight each block by 1 + S x (1 - the target's probability of its "
+                        "anchor token) (0: off): a decode starts its cycles after the tokens "
+                        "its draft missed, most often ones the target was unsure of, and "
+                        "uniform anchors under-sample them")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
@@ -762,6 +775,7 @@ def _number_in(low: float, high: float, wanted: str) -> Callable[[str], float]:
 
 _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
+_strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:

@@ -204,19 +204,41 @@ def soft_labels(final: mx.array, batch: Batch, head: Head) -> mx.array:
     return mx.stop_gradient(head(hidden).reshape(N, A, K, -1))
 
 
+def anchor_probability(final: mx.array, batch: Batch, head: Head) -> mx.array:
+    """[N, A]: the target's probability of each block's anchor token, from its logits one
+    position before (a decode's cycle starts at the token the last cycle's draft missed,
+    most often one the target itself was unsure of)."""
+    N, A = batch.anchors.shape
+    pos = mx.maximum(batch.anchors - 1, 0)
+    hidden = mx.take_along_axis(final, pos[..., None], axis=1)
+    logits = head(hidden).astype(mx.float32)  # [N, A, V]
+    anchor = batch.block.reshape(N, A, -1)[:, :, :1]
+    picked = mx.take_along_axis(logits, anchor, axis=-1)[..., 0]
+    return mx.stop_gradient(mx.exp(picked - mx.logsumexp(logits, axis=-1)))
+
+
+def surprise_weights(p_anchor: mx.array, strength: float) -> mx.array:
+    """[N, A] block weights 1 + strength * (1 - p): uniform anchors reweighted toward the
+    ones a decode starts its cycles from (after tokens the target was unsure of)."""
+    return 1.0 + strength * (1.0 - p_anchor)
+
+
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
-               soft_weight: float = 0.0, confidence_power: float = 0.0) -> mx.array:
+               soft_weight: float = 0.0, confidence_power: float = 0.0,
+               block_weights: mx.array | None = None) -> mx.array:
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
-    says how close the runner-up tokens were, and with `confidence_power` c each slot
-    weighted by the target's probability of its label to the power c."""
+    says how close the runner-up tokens were, with `confidence_power` c each slot
+    weighted by the target's probability of its label to the power c, and each block by
+    `block_weights` [N, A] (`surprise_weights`)."""
     return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
-                     soft_weight, confidence_power)
+                     soft_weight, confidence_power, block_weights)
 
 
 def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
-              soft_weight: float = 0.0, confidence_power: float = 0.0) -> mx.array:
+              soft_weight: float = 0.0, confidence_power: float = 0.0,
+              block_weights: mx.array | None = None) -> mx.array:
     """`block_loss` from the slots' logits [N, A, B-1, V]."""
     logits = logits.astype(mx.float32)
     norm = mx.logsumexp(logits, axis=-1)
@@ -229,6 +251,8 @@ def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array 
         # A token the target itself is unsure of is a coin flip for the draft too: the
         # weight goes to the tokens the target is sure of, which a run needs unbroken.
         w = w * label_probability(soft, batch) ** confidence_power
+    if block_weights is not None:
+        w = w * block_weights[..., None]
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
 
 
