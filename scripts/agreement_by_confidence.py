@@ -3,7 +3,9 @@ confidence (its top-1 probability for that token): where a suite's lower tokens/
 comes from, the target being less sure there (the buckets' shares) or the draft missing
 tokens the target is sure of (agreement within a bucket), and whether those are tokens the
 context holds to copy (the pair of the anchor and the token in the prompt or earlier in the
-reply) or new ones.
+reply) or new ones. Per bucket of the target's probability of a block's anchor token: how
+many anchors fall there against how many of a greedy decode's cycles start there (after a
+miss), and the draft's runs from them (what `train-draft --surprise-weight` leans on).
 
     python scripts/draft_acceptance.py --draft D --limit 8 --walk --heldout \
         benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
@@ -64,6 +66,39 @@ def novelty(seq: list[int], prompt_len: int) -> np.ndarray:
         pair = (seq[a], seq[a + 1])
         out.append(1 if pair in in_prompt else 2 if pair in in_reply else 0)
     return np.array(out, np.int8)
+
+
+def walk_starts(runs: np.ndarray) -> np.ndarray:
+    """The anchors (indices into `runs`) a greedy decode's cycles start from: 0, then one
+    past each cycle's committed run (`objective.walk_cycles`' walk)."""
+    starts, pos = [], 0
+    while pos < len(runs):
+        starts.append(pos)
+        pos += int(runs[pos]) + 1
+    return np.array(starts, np.int64)
+
+
+def by_anchor(confidence: list[np.ndarray], runs: list[np.ndarray]) -> dict:
+    """Per bucket of the target's probability of the anchor token (anchor i >= 1 of a reply:
+    `confidence[i - 1]`): its share of all anchors and of the walk's cycle starts, and the
+    draft's mean run and first-slot agreement from there."""
+    conf, run, walk = [], [], []
+    for c, r in zip(confidence, runs, strict=True):
+        n = min(len(r), len(c) + 1)
+        conf.append(c[: n - 1])
+        run.append(r[1:n])
+        starts = walk_starts(r)
+        walk.append(c[starts[(starts >= 1) & (starts < n)] - 1])
+    conf, run, walk = np.concatenate(conf), np.concatenate(run), np.concatenate(walk)
+    b, bw = buckets(conf), buckets(walk)
+    n = len(EDGES) - 1
+    return {"anchors": int(len(conf)), "walk_starts": int(len(walk)),
+            "share_all": [float(np.mean(b == i)) for i in range(n)],
+            "share_walk": [float(np.mean(bw == i)) for i in range(n)],
+            "mean_run": [float(run[b == i].mean()) if (b == i).any() else None
+                         for i in range(n)],
+            "agree": [float((run[b == i] >= 1).mean()) if (b == i).any() else None
+                      for i in range(n)]}
 
 
 def summarize(confidence: np.ndarray, agree: dict[str, np.ndarray],
@@ -129,15 +164,20 @@ def main(argv: list[str] | None = None) -> int:
            "sets": {}}
     for name, seqs in sets.items():
         confidence, novel, agree = [], [], {k: [] for k in drafts}
+        every_c, every_run = [], {k: [] for k in drafts}
         for seq, prompt_len in seqs:
             c = target_confidence(base.model, seq, prompt_len)
             for k, draft in drafts.items():
                 runs = anchor_runs(draft, base.target, seq, prompt_len)  # anchor prompt_len + i
                 agree[k].append(runs[: len(c)] >= 1)
+                every_run[k].append(runs)
+            every_c.append(c)
             confidence.append(c[: len(runs)])
             novel.append(novelty(seq, prompt_len)[: len(runs)])
         row = summarize(np.concatenate(confidence),
                         {k: np.concatenate(v) for k, v in agree.items()}, np.concatenate(novel))
+        for k in drafts:
+            row["drafts"][k]["by_anchor_confidence"] = by_anchor(every_c, every_run[k])
         out["sets"][name] = row
         line = " ".join(f"{s:.2f}" for s in row["bucket_share"])
         print(f"{name:9s} ({len(seqs)} replies) target top-1 "
@@ -147,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             sure = " ".join("-" if a is None else f"{n} {a:.2f}"
                             for n, a in d["agree_sure_by_novelty"].items())
             print(f"  {k}: agree {d['agree']:.3f}  by bucket {by}  sure: {sure}", flush=True)
+            a = d["by_anchor_confidence"]
+            print("    by anchor-token bucket: share of anchors / of cycle starts / mean run: "
+                  + "  ".join(f"{x:.2f}/{y:.2f}/{'-' if r is None else f'{r:.2f}'}" for x, y, r
+                              in zip(a["share_all"], a["share_walk"], a["mean_run"])))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

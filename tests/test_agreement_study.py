@@ -29,6 +29,19 @@ def test_novelty_says_where_the_context_holds_the_pair_to_copy():
     assert study.novelty(seq, prompt_len).tolist() == [0, 1, 0, 0, 0, 2]
 
 
+def test_cycles_start_one_past_each_run_and_are_bucketed_by_their_anchor_token():
+    runs = np.array([2, 0, 0, 1, 5, 0, 3])  # cycles from 0 (commits 3), 3 (2), 5 (1), 6
+    assert study.walk_starts(runs).tolist() == [0, 3, 5, 6]
+    c = np.array([0.1, 0.95, 0.4, 0.999, 0.2, 0.6])  # anchor i's token: c[i - 1]
+    row = study.by_anchor([c], [runs])
+    assert row["anchors"] == 6 and row["walk_starts"] == 3  # starts 3, 5, 6: c 0.4, 0.2, 0.6
+    assert row["share_walk"] == [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0, 0.0]
+    assert abs(sum(row["share_all"]) - 1) < 1e-9
+    assert row["mean_run"][0] == 0.0 and row["agree"][0] == 0.0  # anchors 1 and 5
+    assert row["mean_run"][5] == 5.0 and row["agree"][5] == 1.0  # anchor 4 (c[3] = 0.999)
+    assert row["mean_run"][3] is None  # no anchor token in [0.7, 0.9)
+
+
 def test_confidence_is_the_one_for_the_token_the_first_slot_predicts(tiny_pairs):
     target, draft = tiny_pairs("llama")
     model = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft)).model
@@ -60,6 +73,9 @@ def test_report_on_a_tiny_pair(tiny_pairs, tmp_path):
     assert abs(sum(s * a for s, a in by) - d["agree"]) < 1e-9  # buckets add up to the whole
     assert abs(sum(row["novelty_share"].values()) - 1) < 1e-9
     assert set(d["agree_sure_by_novelty"]) == {"new", "in_prompt", "in_reply"}
+    anchors = d["by_anchor_confidence"]
+    assert anchors["anchors"] == len(reply) - 2 and anchors["walk_starts"] >= 1
+    assert abs(sum(anchors["share_walk"]) - 1) < 1e-9
     heldout = tmp_path / "heldout.npz"
     Dataset([prompt + reply, prompt[:3] + reply[:10], prompt + reply[:12]], [5, 3, 5],
             {"ids": ["sharegpt-7", "pycode-2", "sharegpt-9"]}).save(heldout)
