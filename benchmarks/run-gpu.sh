@@ -51,7 +51,10 @@
 # (default 400: the first suite on a fresh machine once ran past the 200 s allowed before,
 # leaving no row).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache DFLASH_EVAL_DATA=.carry/data
+export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache
+# The suites ship with the engine; a carried .carry/data replaces them only where it came
+# along (the stage-22 session's goals call carried none: every suite row failed on the path).
+[[ -d .carry/data ]] && export DFLASH_EVAL_DATA=.carry/data
 gguf=$DFLASH_CACHE_DIR/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 step() { echo "== $*"; timeout "$1" "${@:2}" 2>&1 | tail -${TAIL:-25}; }
 DRAFT=${DRAFT:-engine/drafts/smollm2-135m-instruct-dflash}

@@ -59,11 +59,15 @@
 #            PART=resume with the same settings (stage 16 grown to 5 layers; its weights in
 #            ~/.cache/dflash-chat/train-data/stage21/half2, scripts/unpack_draft.py makes the
 #            folder; not shipped: held-out up 0.11, the suites level)
-#   next: the same files staged; after run-gpu.sh's PART=goals (issue 13), PART=ab
-#            AB_VARIANTS=b AB_GPU_B=0 AB_S=270 LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4"
-#            B_ARGS="--confidence-power 1" (stage 20's run with each slot weighted by the
-#            target's label probability: stage 20 is its control), then the same with
-#            "--confidence-power 2"; the CPU ship test against stage 16 for each
+#   stage 22 (one H200): the same files staged; PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=270
+#            LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--confidence-power 1", then
+#            the same with "--confidence-power 2" (stage 20 the control; not shipped: both
+#            cost on every suite), then run-gpu.sh's PART=goals
+#   next: the same files staged; run-gpu.sh's PART=verify-pieces (issue 13, ~3 minutes),
+#            then PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=270 LR=6e-5
+#            DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--surprise-weight 4" (blocks after
+#            tokens the target was unsure of weigh more, as a decode's cycle starts do:
+#            stage 20 is its control), then the CPU ship test against stage 16
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
