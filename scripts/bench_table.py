@@ -49,6 +49,13 @@ def row(path: Path) -> str:
             f"{match(s)} |")
 
 
+def _median(report: dict, key: str) -> str:
+    """" (median of N: ...)" where the run timed N pairs (--repeat), else nothing."""
+    if "repeats" not in report:
+        return ""
+    return f" (median of {len(report['repeats'])}: {report[key + '_median']:.2f}x)"
+
+
 def synthetic_row(path: Path) -> str:
     r = json.loads(path.read_text())
     f, d, b = r["forward"], r["dflash"], r["baseline"]
@@ -56,7 +63,8 @@ def synthetic_row(path: Path) -> str:
             f"{r['kernels']} | {f['ctx']} | {f['t_ar_s'] * 1e3:.1f} | "
             f"{f['verify16_over_ar']:.2f} | {d['tokens_per_cycle']:.2f} | "
             f"{b['decode_tokens_per_second']:.1f} | {d['decode_tokens_per_second']:.1f} | "
-            f"{r['decode_speedup']:.2f}x | {r['speedup']:.2f}x | "
+            f"{r['decode_speedup']:.2f}x{_median(r, 'decode_speedup')} | {r['speedup']:.2f}x"
+            f"{_median(r, 'speedup')} | "
             f"{'yes' if r['token_match'] else 'NO'} |")
 
 

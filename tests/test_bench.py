@@ -221,6 +221,13 @@ def test_bench_table_names_near_tie_divergences_and_flags_others():
     assert match({**base, "token_match": False}) == "NO"  # float32: no near-tie field
 
 
+def test_bench_table_gives_the_median_of_repeated_synthetic_pairs():
+    median = load_script("bench_table")._median
+    assert median({"decode_speedup": 5.4}, "decode_speedup") == ""  # one pair: no median
+    report = {"repeats": [{}, {}, {}], "decode_speedup_median": 3.318}
+    assert median(report, "decode_speedup") == " (median of 3: 3.32x)"
+
+
 def test_the_plain_step_study_counts_costs_in_plain_steps():
     from script_modules import load_script
 

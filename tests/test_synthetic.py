@@ -127,6 +127,24 @@ def test_tiny_synthetic_run_queues_work_as_the_engine_does_on_a_gpu(tmp_path):
     assert plain["dflash"]["cycle_tokens"] == queued["dflash"]["cycle_tokens"]
 
 
+def test_repeat_times_pairs_side_by_side_and_reports_their_medians(tmp_path, capsys):
+    out = tmp_path / "syn.json"
+    rc = synthetic_main(["--synthetic", "qwen3.5-9b", "--layers", "2", "--ctx", "32",
+                         "--max-tokens", "40", "--tokens-per-cycle", "6", "--iters", "1",
+                         "--repeat", "3", "--json", str(out), *tiny_args("qwen3.5-9b")])
+    report = json.loads(out.read_text())
+    assert rc == 0 and len(report["repeats"]) == 3 and report["token_match_all"] is True
+    first = report["repeats"][0]
+    assert first["decode_speedup"] == report["decode_speedup"]  # the report's own pair
+    ratios = sorted(r["decode_speedup"] for r in report["repeats"])
+    assert report["decode_speedup_median"] == ratios[1]
+    assert all(r["baseline_decode_tok_s"] > 0 and r["dflash_decode_tok_s"] > 0
+               for r in report["repeats"])
+    assert "3 pairs side by side" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="1 or more"):
+        synthetic_main(["--synthetic", "qwen3.5-9b", "--repeat", "0"])
+
+
 def test_consistent_reference_reaches_the_fixed_point():
     # A stand-in for a bf16 verify that flips the near-tie at index 3 to 99: the first run
     # on the plain-decoding reference diverges there, the second reproduces its reference.

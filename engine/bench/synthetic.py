@@ -263,7 +263,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                   ctx: int = 2048, max_tokens: int = 256, tokens_per_cycle: float = 9.6,
                   block_size: int = 16, iters: int = 10, seed: int = 0,
                   kernels: str | None = None, draft_cost: bool = True, warmup: bool = True,
-                  config: DFlashConfig | None = None) -> dict:
+                  config: DFlashConfig | None = None, repeat: int = 1) -> dict:
     from ..device import current
     from ..targets import adapter_for
 
@@ -299,6 +299,10 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     # The oracle proposes what the verify itself chooses (see oracle.py), in every dtype.
     reference, rounds = consistent_reference(lambda r: oracle_run(r)[0].tokens, base.tokens)
     flash, cycles = oracle_run(reference)  # timed: one host read per cycle
+    pairs = [(base, flash)]
+    for _ in range(repeat - 1):  # more pairs, side by side: the machine's rate moves
+        pairs.append((run_baseline(model, prompt, max_tokens, PREFILL_CHUNK),
+                      oracle_run(reference)[0]))
     _, profiled = oracle_run(reference, profile=True)  # device time per phase
     cycles.update({k: profiled[k] for k in ("cycle_profile_s", "cycle_profile_per_cycle_ms")})
     fwd = forward_timings(model, target, prompt, iters, block_size)
@@ -335,6 +339,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "baseline": base.summary(),
         "dflash": {**flash.summary(), **cycles},
         **versus(base, flash),
+        **repeated(pairs),
         "divergence": found,
         "near_tie": near_tie(found, dtype) if found else None,
         "oracle_reference_runs": rounds,
@@ -363,8 +368,24 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                                     "in it",
             "speedup": "end-to-end tok/s (prefill of ctx included), DFlash / baseline",
             "decode_speedup": "tok/s after the first token, DFlash / baseline",
+            "repeats": "with --repeat N: every (baseline, DFlash) pair, run one after the "
+                       "other; *_median: the medians over the pairs",
         },
     }
+
+
+def repeated(pairs: list[tuple[Side, Side]]) -> dict:
+    """With more than one (baseline, DFlash) pair: each pair's speed-ups and their medians
+    (the report's `baseline`, `dflash` and speed-ups are the first pair's)."""
+    if len(pairs) < 2:
+        return {}
+    rows = [{"baseline_decode_tok_s": b.decode_tokens_per_second,
+             "dflash_decode_tok_s": f.decode_tokens_per_second, **versus(b, f)}
+            for b, f in pairs]
+    return {"repeats": rows,
+            "speedup_median": statistics.median(r["speedup"] for r in rows),
+            "decode_speedup_median": statistics.median(r["decode_speedup"] or 0 for r in rows),
+            "token_match_all": all(r["token_match"] for r in rows)}
 
 
 def summary_lines(r: dict) -> list[str]:
@@ -380,6 +401,11 @@ def summary_lines(r: dict) -> list[str]:
         f"{b['decode_tokens_per_second']:.1f}); dflash {d['tokens_per_second']:.1f} tok/s "
         f"(decode {d['decode_tokens_per_second']:.1f}); speed-up {r['speedup']:.2f}x e2e, "
         f"{(r['decode_speedup'] or 0):.2f}x decode",
+        *([f"  {len(r['repeats'])} pairs side by side: decode speed-up median "
+           f"{r['decode_speedup_median']:.2f}x ("
+           + ", ".join(f"{x['decode_speedup']:.2f}x" for x in r["repeats"])
+           + f"), end to end {r['speedup_median']:.2f}x; every run token-identical: "
+           f"{r['token_match_all']}"] if "repeats" in r else []),
         f"  tokens/cycle {d['tokens_per_cycle']:.2f} (target "
         f"{r['settings']['tokens_per_cycle_target']}), {d['cycles']} cycles; per cycle ms: "
         + ", ".join(f"{k} {v:.2f}" for k, v in prof.items()),
@@ -419,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default: bfloat16 on a GPU, float32 on the CPU")
     p.add_argument("--iters", type=int, default=10, help="forward-timing iterations")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time N (baseline, DFlash) pairs side by side and report the medians "
+                        "of their speed-ups too (the machine's rate moves between runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kernels", choices=["auto", "portable", "native"],
                    help="GatedDeltaNet kernels (default: $DFLASH_KERNELS or auto)")
@@ -437,6 +466,8 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not 2 <= args.block_size <= 16 or not 1 <= args.tokens_per_cycle <= args.block_size:
         raise SystemExit("--block-size must be 2..16 and --tokens-per-cycle 1..block size")
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat {args.repeat}: give 1 or more pairs of runs")
     if args.ctx < args.block_size:
         raise SystemExit(f"--ctx must be at least --block-size ({args.block_size})")
     report = run_synthetic(
@@ -444,7 +475,7 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         parse_overrides(args.draft_override),
         args.dtype, args.ctx, args.max_tokens, args.tokens_per_cycle, args.block_size,
         args.iters, args.seed, args.kernels, not args.no_draft_forward, not args.no_warmup,
-        DFlashConfig(**queueing_from_args(args)))
+        DFlashConfig(**queueing_from_args(args)), args.repeat)
     report = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None
                                                             else argv), **report}
     print("\n".join(summary_lines(report)))
@@ -452,4 +483,5 @@ def synthetic_main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).expanduser().write_text(json.dumps(report, indent=2, default=str))
         print(f"wrote {args.json}")
-    return 0 if report["token_match"] or report["near_tie"] else 1
+    identical = report["token_match"] and report.get("token_match_all", True)
+    return 0 if identical or report["near_tie"] else 1
