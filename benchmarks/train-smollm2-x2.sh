@@ -63,11 +63,14 @@
 #            LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--confidence-power 1", then
 #            the same with "--confidence-power 2" (stage 20 the control; not shipped: both
 #            cost on every suite), then run-gpu.sh's PART=goals
-#   next: the same files staged; run-gpu.sh's PART=verify-pieces (issue 13, ~3 minutes),
-#            then PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=270 LR=6e-5
+#   next: the same files staged; PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=270 LR=6e-5
 #            DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--surprise-weight 4" (blocks after
 #            tokens the target was unsure of weigh more, as a decode's cycle starts do:
-#            stage 20 is its control), then the CPU ship test against stage 16
+#            stage 20 is its control); the CPU ship test of its weights runs here while the
+#            device runs run-gpu.sh's PART=verify-pieces (issue 13, ~3 minutes) and the same
+#            A/B with "--surprise-weight 8"; the better one, if it beats stage 16 on the
+#            suites, trains on with the minutes left (cp -r /root/draft-b /root/init-b,
+#            then the same A/B with INIT=/root/init-b, the machine still warm)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
