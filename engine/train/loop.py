@@ -749,7 +749,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence-power", type=_power, default=d.confidence_power, metavar="C",
                    help="weight each slot's loss by the target's probability of its token to "
                         "the power C (0: off), so the draft spends itself on the tokens the "
-                        "target is sure of rather than on its coin flips")
+                        "target is sure of rather than on its coin flips (it cost tokens/cycle "
+                        "on every suite: benchmarks/stage22/)")
     p.add_argument("--surprise-weight", type=_strength, default=d.surprise_weight, metavar="S",
                    help="weight each block by 1 + S x (1 - the target's probability of its "
                         "anchor token) (0: off): a decode starts its cycles after the tokens "
