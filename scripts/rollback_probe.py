@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str) -> dict:
     import mlx.core as mx
 
-    from engine.bench.synthetic import build_target
+    from engine.bench.synthetic import build_target, rollback_timings
     from engine.cycle import prefill
     from engine.targets import adapter_for
-    from engine.targets.base import cache_arrays
 
     model = build_target(name, layers, None, dtype, 0)
     target = adapter_for(model, enable_tape_replay=True, kernels=kernels)
@@ -35,28 +32,7 @@ def probe(name: str, layers: int, dtype: str, ctx: int, iters: int, kernels: str
     block = mx.array([[(17 * i) % 5000 + 3 for i in range(16)]])
     rows = {}
     for keep in (1, 4, 8, 12, 16):
-        build, done, verify = [], [], []
-        for i in range(iters + 2):
-            target.begin_verify(cache)
-            t0 = time.perf_counter()
-            logits, _ = target.forward(block, cache, [])
-            mx.eval(logits, cache_arrays(cache))
-            t1 = time.perf_counter()
-            target.rollback(cache, keep=keep, verified=16)
-            t2 = time.perf_counter()
-            mx.eval(cache_arrays(cache))
-            t3 = time.perf_counter()
-            # back to the prefilled state: drop the kept tokens' KV, keep the states
-            for c in cache:
-                if hasattr(c, "trim"):
-                    c.trim(keep)
-            if i >= 2:
-                verify.append(t1 - t0)
-                build.append(t2 - t1)
-                done.append(t3 - t1)
-        rows[f"keep{keep}"] = {"verify_ms": statistics.median(verify) * 1e3,
-                               "rollback_build_ms": statistics.median(build) * 1e3,
-                               "rollback_total_ms": statistics.median(done) * 1e3}
+        rows[f"keep{keep}"] = rollback_timings(target, cache, block, keep, iters)
         print(kernels, keep, {k: round(v, 2) for k, v in rows[f"keep{keep}"].items()},
               flush=True)
     return {"kernels": getattr(target.kernels, "name", kernels), "rows": rows}

@@ -45,6 +45,7 @@ from engine.bench.synthetic import (  # noqa: E402
     build_target,
     forward_timings,
     parse_overrides,
+    rollback_timings,
 )
 from engine.cycle import prefill  # noqa: E402
 from engine.kernels import cuda_attention  # noqa: E402
@@ -168,25 +169,11 @@ def rollback_pieces(target: TargetAdapter, cache: list[Any], iters: int,
     mx.eval(states, *tape)
     out = {}
     for keep in keeps:
-        whole, build = [], []
-        for i in range(iters + 2):
-            target.begin_verify(cache)
-            logits, _ = target.forward(block, cache, [])
-            mx.eval(logits, cache_arrays(cache))
-            start = time.perf_counter()
-            target.rollback(cache, keep=keep, verified=16)
-            built = time.perf_counter()
-            mx.eval(cache_arrays(cache))
-            if i >= 2:
-                whole.append(time.perf_counter() - start)
-                build.append(built - start)
-            for layer, c in zip(target.layers, cache, strict=True):  # the KV back to the
-                if not layer.is_linear:  # prompt (the linear states move on: same shapes)
-                    c.trim(keep)
+        timed = rollback_timings(target, cache, block, keep, iters)
         replay = time_piece([lambda st=st, keep=keep: target.kernels.replay(st, tape, keep)
                              for st in states], iters, lambda: None)
-        out[f"keep{keep}"] = {"rollback_ms": 1e3 * statistics.median(whole),
-                              "rollback_build_ms": 1e3 * statistics.median(build),
+        out[f"keep{keep}"] = {"rollback_ms": timed["rollback_total_ms"],
+                              "rollback_build_ms": timed["rollback_build_ms"],
                               "replay_kernels_ms": replay["ms"], "linear_layers": n_linear}
     return out
 

@@ -36,7 +36,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from ..config import DFlashConfig, add_queueing_args, queueing_from_args
 from ..cycle import prefetch_applies, speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
-from ..targets.base import TargetAdapter, text_args
+from ..targets.base import TargetAdapter, cache_arrays, text_args
 from .environment import environment
 from .metrics import repeated_ngram_share
 from .oracle import Oracle, OracleProposer, consistent_reference
@@ -255,6 +255,36 @@ def forward_timings(model: nn.Module, target: TargetAdapter, prompt: list[int], 
     out["ctx"] = len(prompt)
     out["iters"] = iters
     return out
+
+
+def rollback_timings(target: TargetAdapter, cache: list[Any], block: mx.array, keep: int,
+                     iters: int) -> dict:
+    """Median ms over `iters` (after two warm-ups) of a verify of `block` [1, T] after the
+    cache's tokens (evaluated), then its rollback to `keep` tokens: the host's build alone and
+    build plus evaluation. The KV caches go back to their length each time; the linear
+    layers' states move on (same shapes, so the same work)."""
+    verify, build, total = [], [], []
+    T = block.shape[1]
+    for i in range(iters + 2):
+        target.begin_verify(cache)
+        t0 = time.perf_counter()
+        logits, _ = target.forward(block, cache, [])
+        mx.eval(logits, cache_arrays(cache))
+        t1 = time.perf_counter()
+        target.rollback(cache, keep=keep, verified=T)
+        t2 = time.perf_counter()
+        mx.eval(cache_arrays(cache))
+        t3 = time.perf_counter()
+        for c in cache:
+            if isinstance(c, KVCache):
+                c.trim(keep)
+        if i >= 2:
+            verify.append(t1 - t0)
+            build.append(t2 - t1)
+            total.append(t3 - t1)
+    return {"verify_ms": 1e3 * statistics.median(verify),
+            "rollback_build_ms": 1e3 * statistics.median(build),
+            "rollback_total_ms": 1e3 * statistics.median(total)}
 
 
 # -- the benchmark --------------------------------------------------------------------------
