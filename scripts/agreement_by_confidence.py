@@ -35,7 +35,7 @@ from engine.bench.environment import machine_info, versions  # noqa: E402
 from engine.loading import load_draft_folder  # noqa: E402
 from engine.runtime import DFlashRuntime  # noqa: E402
 from engine.train.dataset import Dataset  # noqa: E402
-from engine.train.objective import anchor_runs  # noqa: E402
+from engine.train.objective import anchor_runs, walk_cycles  # noqa: E402
 
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
 SURE = 0.9
@@ -71,11 +71,7 @@ def novelty(seq: list[int], prompt_len: int) -> np.ndarray:
 def walk_starts(runs: np.ndarray) -> np.ndarray:
     """The anchors (indices into `runs`) a greedy decode's cycles start from: 0, then one
     past each cycle's committed run (`objective.walk_cycles`' walk)."""
-    starts, pos = [], 0
-    while pos < len(runs):
-        starts.append(pos)
-        pos += int(runs[pos]) + 1
-    return np.array(starts, np.int64)
+    return np.cumsum([0, *walk_cycles(runs, len(runs) + 1)], dtype=np.int64)[:-1]
 
 
 def by_anchor(confidence: list[np.ndarray], runs: list[np.ndarray]) -> dict:

@@ -108,9 +108,10 @@ def attention_pieces(attn: nn.Module, x: mx.array, cache: Any) -> Pieces:
     return pieces
 
 
-def time_piece(build: list[Callable[[], Any]], iters: int, after: Callable[[], None]) -> dict:
+def time_piece(build: list[Callable[[], Any]], iters: int,
+               after: Callable[[], Any] | None = None) -> dict:
     """Every layer's piece built, then one evaluation: median and min ms over `iters` (two
-    warm-ups first: kernels compile)."""
+    warm-ups first: kernels compile); `after` runs after each evaluation."""
     times = []
     for i in range(iters + 2):
         outputs = [fn() for fn in build]
@@ -118,7 +119,8 @@ def time_piece(build: list[Callable[[], Any]], iters: int, after: Callable[[], N
         mx.eval(outputs)
         if i >= 2:
             times.append(time.perf_counter() - start)
-        after()
+        if after is not None:
+            after()
     return {"ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times)}
 
 
@@ -144,9 +146,8 @@ def pieces_at(target: TargetAdapter, cache: list[Any], T: int, iters: int) -> di
     kv = [c for layer, c in zip(layers, cache, strict=True) if not layer.is_linear]
     row = {}
     for name, build in by_name.items():
-        after = (lambda: [c.trim(T) for c in kv]) if name.startswith("attn_mixer") else \
-            (lambda: None)
-        row[name] = time_piece(build, iters, after)
+        trim = (lambda: [c.trim(T) for c in kv]) if name.startswith("attn_mixer") else None
+        row[name] = time_piece(build, iters, trim)
         row[name]["layers"] = len(build)
         mx.eval(cache_arrays(cache))
     return row
@@ -171,7 +172,7 @@ def rollback_pieces(target: TargetAdapter, cache: list[Any], iters: int,
     for keep in keeps:
         timed = rollback_timings(target, cache, block, keep, iters)
         replay = time_piece([lambda st=st, keep=keep: target.kernels.replay(st, tape, keep)
-                             for st in states], iters, lambda: None)
+                             for st in states], iters)
         out[f"keep{keep}"] = {"rollback_ms": timed["rollback_total_ms"],
                               "rollback_build_ms": timed["rollback_build_ms"],
                               "replay_kernels_ms": replay["ms"], "linear_layers": n_linear}

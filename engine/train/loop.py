@@ -527,9 +527,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
-            soft = None if final is None or not uses_soft else soft_labels(final, batch, head)
-            block_w = None if final is None or not cfg.surprise_weight else surprise_weights(
-                anchor_probability(final, batch, head), cfg.surprise_weight)
+            soft = soft_labels(final, batch, head) if uses_soft else None
+            block_w = surprise_weights(anchor_probability(final, batch, head),
+                                       cfg.surprise_weight) if cfg.surprise_weight else None
             _lap(clock, phase_ms, "target", taps,
                  *[x for x in (soft, block_w) if x is not None])
             optimizer.learning_rate = lr_at(step, total, cfg.lr)

@@ -211,10 +211,7 @@ def anchor_probability(final: mx.array, batch: Batch, head: Head) -> mx.array:
     N, A = batch.anchors.shape
     pos = mx.maximum(batch.anchors - 1, 0)
     hidden = mx.take_along_axis(final, pos[..., None], axis=1)
-    logits = head(hidden).astype(mx.float32)  # [N, A, V]
-    anchor = batch.block.reshape(N, A, -1)[:, :, :1]
-    picked = mx.take_along_axis(logits, anchor, axis=-1)[..., 0]
-    return mx.stop_gradient(mx.exp(picked - mx.logsumexp(logits, axis=-1)))
+    return token_probability(head(hidden), batch.block.reshape(N, A, -1)[:, :, 0])
 
 
 def surprise_weights(p_anchor: mx.array, strength: float) -> mx.array:
@@ -258,9 +255,14 @@ def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array 
 
 def label_probability(soft: mx.array, batch: Batch) -> mx.array:
     """[N, A, B-1]: the target's probability of each slot's label (`soft_labels` logits)."""
-    soft = soft.astype(mx.float32)
-    label = mx.take_along_axis(soft, batch.labels[..., None], axis=-1)[..., 0]
-    return mx.stop_gradient(mx.exp(label - mx.logsumexp(soft, axis=-1)))
+    return token_probability(soft, batch.labels)
+
+
+def token_probability(logits: mx.array, tokens: mx.array) -> mx.array:
+    """The softmax of `logits` [..., V] at `tokens` [...], in float32, without gradient."""
+    logits = logits.astype(mx.float32)
+    picked = mx.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+    return mx.stop_gradient(mx.exp(picked - mx.logsumexp(logits, axis=-1)))
 
 
 def block_runs(logits: mx.array, batch: Batch) -> mx.array:
