@@ -63,14 +63,19 @@
 #            LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--confidence-power 1", then
 #            the same with "--confidence-power 2" (stage 20 the control; not shipped: both
 #            cost on every suite), then run-gpu.sh's PART=goals
-#   next: the same files staged; PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=270 LR=6e-5
-#            DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--surprise-weight 4" (blocks after
-#            tokens the target was unsure of weigh more, as a decode's cycle starts do:
-#            stage 20 is its control); the CPU ship test of its weights runs here while the
-#            device runs run-gpu.sh's PART=verify-pieces (issue 13, ~3 minutes) and the same
-#            A/B with "--surprise-weight 8"; the better one, if it beats stage 16 on the
-#            suites, trains on with the minutes left (cp -r /root/draft-b /root/init-b,
-#            then the same A/B with INIT=/root/init-b, the machine still warm)
+#   stage 23 (one H200): the same files staged; PROFILE=0 PART=ab AB_VARIANTS=b AB_GPU_B=0
+#            AB_S=290 LR=6e-5 DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--surprise-weight 4"
+#            (stage 20 the control; not shipped: the suites level). With the phases timed
+#            (PROFILE=10) that run failed at its start in all four tries on CUDA (an illegal
+#            memory access, then "cudaGraphInstantiate ... out of memory"): give PROFILE=0
+#            with --surprise-weight. Then run-gpu.sh's PART=goals
+#   next: the same files staged; PROFILE=0 PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=290 LR=6e-5
+#            DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--repeat-weight 0.3" (slots that repeat
+#            an earlier 4-gram, over half of the answers, weigh 0.3; stage 20 the control;
+#            compare novel_tokens_per_cycle in the log); its CPU ship test runs here while the
+#            device runs run-gpu.sh's PART=verify-pieces (issue 13, not yet run; ~5 minutes on
+#            a fresh machine) and the same A/B with "--repeat-weight 0.1". Copy each call's
+#            files within the machine's 30 s idle release, or it is given back.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:

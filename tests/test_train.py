@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +31,7 @@ from engine.train.loop import (
     steps_that_fit,
     train,
     train_draft_main,
+    validate,
 )
 from engine.train.objective import (
     Batch,
@@ -40,6 +42,8 @@ from engine.train.objective import (
     forward_parts,
     label_probability,
     make_batch,
+    repeat_weights,
+    repeated_positions,
     slot_logits,
     slot_weights,
     soft_labels,
@@ -268,10 +272,12 @@ def test_few_steps_lower_the_loss(pair):
     assert slot_logits(draft, target, batch, taps).shape[-2] == draft.args.block_size - 1
 
 
-def tiny_run(target_dir, tmp_path):
-    """run(out, *flags) -> train()'s result: a 1-layer draft, 4 steps on 12 tiny sequences."""
+def tiny_run(target_dir, tmp_path, sequences=None):
+    """run(out, *flags) -> train()'s result: a 1-layer draft, 4 steps on 12 tiny sequences
+    (or on `sequences`, each with a 2-token prompt)."""
     data = tmp_path / "data.npz"
-    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+    sequences = sequences or [[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)]
+    Dataset(sequences, [2] * len(sequences)).save(data)
 
     def run(out: str, *extra: str) -> dict:
         argv = ["--model", str(target_dir), "--out", str(tmp_path / out), "--depth", "1",
@@ -377,14 +383,14 @@ def test_surprise_weights_lean_on_blocks_after_unsure_anchors(pair):
     target, draft, batch, taps, w = random_blocks(pair, 5, sequences=2, length=40,
                                                   prompt_len=8)
     sure = mx.ones(batch.anchors.shape)
-    assert mx.array_equal(surprise_weights(sure, 4.0), sure)
-    assert mx.allclose(surprise_weights(mx.zeros(sure.shape), 4.0), 5 * sure).item()
+    assert mx.array_equal(surprise_weights(sure, 4.0), sure[..., None])
+    assert mx.allclose(surprise_weights(mx.zeros(sure.shape), 4.0), 5 * sure[..., None]).item()
     hard = block_loss(draft, target, batch, taps, w)
-    assert mx.allclose(block_loss(draft, target, batch, taps, w, block_weights=3 * sure),
+    assert mx.allclose(block_loss(draft, target, batch, taps, w, extra_weights=3 * sure[..., None]),
                        hard, rtol=1e-6)  # a uniform weight changes nothing
     # Every weight on one block: the loss is that block's own.
     one = mx.zeros(sure.shape).at[1, 2].add(1.0)
-    alone = block_loss(draft, target, batch, taps, w, block_weights=one)
+    alone = block_loss(draft, target, batch, taps, w, extra_weights=one[..., None])
     valid = batch.valid * w
     logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
     ce = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(
@@ -408,6 +414,79 @@ def test_loss_options_are_checked_and_train(pair, tmp_path, capsys, flag, good, 
     plain, changed = run("plain"), run("changed", flag, str(good))
     assert changed["config"][flag[2:].replace("-", "_")] == good and changed["steps"] == 4
     assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
+
+
+def test_repeated_positions_mark_where_a_4gram_recurs():
+    tokens = np.array([[5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 0, 0],
+                       [1, 2, 1, 2, 1, 2, 1, 0, 0, 0, 0, 0]])
+    repeated = repeated_positions(tokens, np.array([10, 7]))
+    assert repeated[0].nonzero()[0].tolist() == [8]  # 5 6 7 8 again; 6 7 8 5 is new
+    assert repeated[1].nonzero()[0].tolist() == [5, 6]  # a loop, the padding not counted
+
+
+def test_a_batchs_repeats_mark_the_slots_whose_label_recurs():
+    seq = [3, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 2, 4]
+    data = Dataset([seq], [2])
+    batch = make_batch(data, [0], 6, 4, 1, np.random.default_rng(0), mark_repeats=True)
+    repeated = repeated_positions(np.array([seq]), np.array([len(seq)]))[0]
+    checked = 0
+    for a, anchor in enumerate(np.array(batch.anchors[0]).tolist()):
+        for k in range(3):  # slot k + 1 holds the token at anchor + k + 1
+            if anchor + k + 1 < len(seq):
+                assert batch.repeats[0, a, k].item() == repeated[anchor + k + 1]
+                checked += 1
+    assert checked and 0 < batch.repeats.sum().item() < checked
+    assert make_batch(data, [0], 6, 4, 1, np.random.default_rng(0)).repeats is None
+
+
+def test_repeat_weight_scales_the_repeated_slots_of_the_loss(pair):
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    rng = np.random.default_rng(5)
+    fresh = [rng.integers(4, 300, size=20).tolist() for _ in range(2)]
+    data = Dataset([f + f for f in fresh], [4, 4])  # each reply repeats itself once
+    batch = make_batch(data, [0, 1], 8, draft.args.block_size, draft.args.mask_token_id, rng,
+                       mark_repeats=True)
+    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+    w = slot_weights(draft.args.block_size, 7.0)
+    plain = block_loss(draft, target, batch, taps, w)
+    assert block_loss(draft, target, batch, taps, w,
+                      extra_weights=repeat_weights(batch.repeats, 1.0)) == plain
+    # Weight 0: the loss of the same blocks with the repeated slots masked out.
+    dropped = block_loss(draft, target, batch, taps, w,
+                         extra_weights=repeat_weights(batch.repeats, 0.0))
+    novel = replace(batch, valid=batch.valid * (1 - batch.repeats))
+    assert mx.allclose(dropped, block_loss(draft, target, novel, taps, w), rtol=1e-5).item()
+    assert not mx.allclose(dropped, plain).item()
+
+
+def test_repeat_weight_is_checked_and_trains(pair, tmp_path, capsys):
+    target_dir, *_ = pair
+    for bad in ("1.5", "-0.1", "some"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--model", "m", "--out", "o", "--repeat-weight", bad])
+        assert "between 0 and 1" in capsys.readouterr().err
+    loops = [[1, 10 + i % 5] + [3, 4, 5, 6, 7] * 3 for i in range(12)]
+    run = tiny_run(target_dir, tmp_path, loops)
+    plain, changed = run("plain"), run("changed", "--repeat-weight", "0.2")
+    assert changed["config"]["repeat_weight"] == 0.2 and changed["steps"] == 4
+    assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
+
+
+def test_validation_counts_the_novel_blocks_apart(pair):
+    _, draft_dir, model, _ = pair
+    target = adapter_for(model)
+    draft = load_draft_folder(draft_dir)
+    rng = np.random.default_rng(6)
+    fresh = [rng.integers(4, 300, size=24).tolist() for _ in range(3)]
+    cfg = TrainConfig(model="m", out="o", batch=2, anchors=8, block_size=draft.args.block_size)
+    w = slot_weights(draft.args.block_size, 7.0)
+    once = validate(draft, target, Dataset(fresh, [4] * 3), cfg, w)
+    assert once["novel_blocks"] == once["blocks"] > 0
+    assert once["novel_tokens_per_cycle"] == once["tokens_per_cycle"]
+    twice = validate(draft, target, Dataset([f + f for f in fresh], [4] * 3), cfg, w)
+    assert 0 < twice["novel_blocks"] < twice["blocks"]
 
 
 def test_the_profiled_forward_parts_end_in_the_training_loss(pair):

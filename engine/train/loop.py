@@ -46,11 +46,15 @@ from .dataset import (
 )
 from .generate import ATTENTION, generate_dataset
 from .objective import (
+    Batch,
+    Head,
     anchor_probability,
     block_loss,
+    block_runs,
     forward_parts,
     low_precision_head,
     make_batch,
+    repeat_weights,
     simulate_answer,
     slot_logits,
     slot_weights,
@@ -123,6 +127,7 @@ class TrainConfig:
     distill: float = 0.0  # share of the loss against the target's distribution (soft_labels)
     confidence_power: float = 0.0  # slot weights x the target's label probability ** this
     surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
+    repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
 
     @property
     def gamma(self) -> float:
@@ -267,22 +272,29 @@ def _progress(enabled: bool):
 
 def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: TrainConfig,
              weights: mx.array) -> dict:
-    """Loss and simulated tokens/cycle on held-out sequences (fixed anchors: comparable)."""
+    """Loss and simulated tokens/cycle on held-out sequences (fixed anchors: comparable);
+    `novel_tokens_per_cycle` over the blocks whose first label repeats no earlier 4-gram
+    (where a decode's suffix lookup cannot take over from the draft)."""
     rng = np.random.default_rng(1234)
     tpc_sum, blocks, loss_sum, n = 0.0, 0, 0.0, 0
+    novel_sum, novel_blocks = 0.0, 0
     for i in range(0, len(val), cfg.batch):
         batch = make_batch(val, range(i, min(i + cfg.batch, len(val))), cfg.anchors,
-                           cfg.block_size, draft.args.mask_token_id, rng)
+                           cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True)
         taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
         logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
         s, b = tokens_per_cycle(logits, batch)
         tpc_sum, blocks = tpc_sum + s, blocks + b
+        novel = batch.valid[:, :, 0] * (1 - batch.repeats[:, :, 0])
+        novel_sum += float(((1 + block_runs(logits, batch)) * novel).sum())
+        novel_blocks += int(novel.sum())
         picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
         w = batch.valid * weights
         loss_sum += float(((mx.logsumexp(logits, -1) - picked) * w).sum() / w.sum())
         n += 1
     return {"tokens_per_cycle": tpc_sum / max(blocks, 1), "loss": loss_sum / max(n, 1),
-            "blocks": blocks}
+            "blocks": blocks, "novel_tokens_per_cycle": novel_sum / max(novel_blocks, 1),
+            "novel_blocks": novel_blocks}
 
 
 def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset) -> float:
@@ -503,7 +515,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         v["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set)
         log["val"].append({"step": 0, "set": val_name, **v})
         say(f"step 0: {val_name} loss {v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}"
-            f"  decode walk {v['walk_tokens_per_cycle']:.2f}")
+            f"  novel {v['novel_tokens_per_cycle']:.2f}  decode walk "
+            f"{v['walk_tokens_per_cycle']:.2f}")
     order = data_order(epoch)
     train_start = time.perf_counter()
     log_start = train_start - earlier.get("train_seconds", 0.0)  # a resumed run's clock goes on
@@ -523,20 +536,20 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             idx = order[cursor + rank * cfg.batch:cursor + (rank + 1) * cfg.batch]
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
-            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
+            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
+                               mark_repeats=cfg.repeat_weight < 1)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
             soft = soft_labels(final, batch, head) if uses_soft else None
-            block_w = surprise_weights(anchor_probability(final, batch, head),
-                                       cfg.surprise_weight) if cfg.surprise_weight else None
+            extra_w = slot_extra_weights(cfg, batch, final, head)
             _lap(clock, phase_ms, "target", taps,
-                 *[x for x in (soft, block_w) if x is not None])
+                 *[x for x in (soft, extra_w) if x is not None])
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             if clock is not None:  # where the forward's time goes (extra work, timed steps only)
                 for phase, part in forward_parts(draft, target, batch, taps, weights, head):
                     _lap(clock, phase_ms, phase, part)
-            loss, grads = loss_and_grad(batch, taps, soft, block_w)
+            loss, grads = loss_and_grad(batch, taps, soft, extra_w)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
@@ -596,7 +609,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                 v = validate(draft, target, val_set, cfg, weights)
                 log["val"].append({"step": step, "set": val_name, **v})
                 say(f"step {step}: loss {np.mean(losses[-50:]):.3f}  {val_name} loss "
-                    f"{v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}")
+                    f"{v['loss']:.3f}  tokens/cycle {v['tokens_per_cycle']:.2f}  novel "
+                    f"{v['novel_tokens_per_cycle']:.2f}")
             if step % cfg.checkpoint_every == 0 or step == total:
                 save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
                 save_state(optimizer, draft, step, total, state_dir, epoch, cursor)
@@ -620,9 +634,23 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
     _write_log(log, log_path, step, total, gen_s, log_start, t0)
-    say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (decode walk "
+    say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (novel "
+        f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
         f"{final['walk_tokens_per_cycle']:.2f}), checkpoint {out}")
     return log
+
+
+def slot_extra_weights(cfg: TrainConfig, batch: Batch, final: mx.array | None,
+                       head: Head) -> mx.array | None:
+    """The loss weights beyond the slots' decay: --surprise-weight's per block times
+    --repeat-weight's per slot (None: neither is on)."""
+    extra = None
+    if cfg.surprise_weight:
+        extra = surprise_weights(anchor_probability(final, batch, head), cfg.surprise_weight)
+    if cfg.repeat_weight < 1:
+        slots = repeat_weights(batch.repeats, cfg.repeat_weight)
+        extra = slots if extra is None else extra * slots
+    return extra
 
 
 def _lap(clock: PhaseClock | None, into: dict[str, list[float]], phase: str,
@@ -756,6 +784,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "anchor token) (0: off): a decode starts its cycles after the tokens "
                         "its draft missed, most often ones the target was unsure of, and "
                         "uniform anchors under-sample them")
+    p.add_argument("--repeat-weight", type=_share, default=d.repeat_weight, metavar="W",
+                   help="weight W (0..1; 1: off) for the slots whose token ends a 4-gram "
+                        "already in the sequence: a decode's suffix lookup proposes most such "
+                        "stretches, and they are over half of the target's own long answers")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p

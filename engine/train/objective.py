@@ -24,13 +24,16 @@ class Batch:
     anchors: mx.array  # [N, A] absolute position of each block's first slot
     labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
     valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
+    repeats: mx.array | None = None  # [N, A, B-1] 1 where the label ends a repeated 4-gram
 
 
 def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
-               mask_id: int, rng: np.random.Generator, pad_to: int = 32) -> Batch:
+               mask_id: int, rng: np.random.Generator, pad_to: int = 32,
+               mark_repeats: bool = False) -> Batch:
     """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
     short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
-    a response shorter than that repeats its first anchor with no loss."""
+    a response shorter than that repeats its first anchor with no loss. `mark_repeats`
+    fills `Batch.repeats` (`repeated_positions`)."""
     N = len(idx)
     most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
     A = max(1, min(n_anchors, -(-most // 8) * 8))
@@ -47,21 +50,43 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
         anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
         real[n, : len(pick)] = True
     lengths = np.array([len(data.sequences[i]) for i in idx])
-    return anchored_batch(tokens, anchors, lengths, real, block_size, mask_id)
+    return anchored_batch(tokens, anchors, lengths, real, block_size, mask_id, mark_repeats)
 
 
 def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
-                   real: np.ndarray, block_size: int, mask_id: int) -> Batch:
+                   real: np.ndarray, block_size: int, mask_id: int,
+                   mark_repeats: bool = False) -> Batch:
     """The blocks at given anchors: tokens [N, T] (right-padded), anchors [N, A], each
     sequence's length [N], `real` [N, A] marking anchors that count (the rest repeat one)."""
     (N, T), A, B = tokens.shape, anchors.shape[1], block_size
     pos = anchors[:, :, None] + np.arange(1, B)[None, None, :]
     valid = (pos < lengths[:, None, None]) & real[:, :, None]
-    labels = np.take_along_axis(tokens, np.minimum(pos, T - 1).reshape(N, -1), 1).reshape(pos.shape)
+    flat = np.minimum(pos, T - 1).reshape(N, -1)
+    labels = np.take_along_axis(tokens, flat, 1).reshape(pos.shape)
     block = np.full((N, A, B), mask_id, np.int32)
     block[:, :, 0] = np.take_along_axis(tokens, anchors, 1)
+    repeats = None
+    if mark_repeats:
+        repeated = repeated_positions(tokens, lengths)
+        repeats = mx.array(np.take_along_axis(repeated, flat, 1).reshape(pos.shape)
+                           .astype(np.float32))
     return Batch(mx.array(tokens), mx.array(block.reshape(N, A * B)), mx.array(anchors),
-                 mx.array(labels), mx.array(valid.astype(np.float32)))
+                 mx.array(labels), mx.array(valid.astype(np.float32)), repeats)
+
+
+def repeated_positions(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> np.ndarray:
+    """bool [N, T]: where a token ends an n-gram that already ended earlier in its sequence
+    (prompt included). The metric's repeated 4-grams (`repeated_ngram_share`): stretches a
+    decode's suffix lookup (engine/lookup.py) mostly proposes instead of the draft."""
+    out = np.zeros(tokens.shape, bool)
+    for row, length in enumerate(lengths):
+        seq = tokens[row, :length].tolist()
+        seen: set[tuple[int, ...]] = set()
+        for t in range(n - 1, int(length)):
+            gram = tuple(seq[t - n + 1:t + 1])
+            out[row, t] = gram in seen
+            seen.add(gram)
+    return out
 
 
 def context_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
@@ -208,34 +233,42 @@ def anchor_probability(final: mx.array, batch: Batch, head: Head) -> mx.array:
     """[N, A]: the target's probability of each block's anchor token, from its logits one
     position before (a decode's cycle starts at the token the last cycle's draft missed,
     most often one the target itself was unsure of)."""
-    N, A = batch.anchors.shape
     pos = mx.maximum(batch.anchors - 1, 0)
     hidden = mx.take_along_axis(final, pos[..., None], axis=1)
-    return token_probability(head(hidden), batch.block.reshape(N, A, -1)[:, :, 0])
+    anchor_tokens = mx.take_along_axis(batch.tokens, batch.anchors, axis=1)
+    return token_probability(head(hidden), anchor_tokens)
 
 
 def surprise_weights(p_anchor: mx.array, strength: float) -> mx.array:
-    """[N, A] block weights 1 + strength * (1 - p): uniform anchors reweighted toward the
+    """[N, A, 1] block weights 1 + strength * (1 - p): uniform anchors reweighted toward the
     ones a decode starts its cycles from (after tokens the target was unsure of)."""
-    return 1.0 + strength * (1.0 - p_anchor)
+    return (1.0 + strength * (1.0 - p_anchor))[..., None]
+
+
+def repeat_weights(repeats: mx.array, weight: float) -> mx.array:
+    """[N, A, B-1] slot weights: `weight` where the label ends a repeated 4-gram
+    (`Batch.repeats`), 1 elsewhere. A decode's suffix lookup proposes most such stretches,
+    and they are over half the 4-grams of the target's own long answers."""
+    return 1.0 - (1.0 - weight) * repeats
 
 
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
                soft_weight: float = 0.0, confidence_power: float = 0.0,
-               block_weights: mx.array | None = None) -> mx.array:
+               extra_weights: mx.array | None = None) -> mx.array:
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
     says how close the runner-up tokens were, with `confidence_power` c each slot
-    weighted by the target's probability of its label to the power c, and each block by
-    `block_weights` [N, A] (`surprise_weights`)."""
+    weighted by the target's probability of its label to the power c, and by
+    `extra_weights`: per block [N, A, 1] (`surprise_weights`) or per slot [N, A, B-1]
+    (`repeat_weights`)."""
     return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
-                     soft_weight, confidence_power, block_weights)
+                     soft_weight, confidence_power, extra_weights)
 
 
 def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
               soft_weight: float = 0.0, confidence_power: float = 0.0,
-              block_weights: mx.array | None = None) -> mx.array:
+              extra_weights: mx.array | None = None) -> mx.array:
     """`block_loss` from the slots' logits [N, A, B-1, V]."""
     logits = logits.astype(mx.float32)
     norm = mx.logsumexp(logits, axis=-1)
@@ -248,8 +281,8 @@ def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array 
         # A token the target itself is unsure of is a coin flip for the draft too: the
         # weight goes to the tokens the target is sure of, which a run needs unbroken.
         w = w * label_probability(soft, batch) ** confidence_power
-    if block_weights is not None:
-        w = w * block_weights[..., None]
+    if extra_weights is not None:
+        w = w * extra_weights
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
 
 
