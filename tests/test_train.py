@@ -311,17 +311,19 @@ def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
     assert hits[valid].all()
 
 
-def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int):
+def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int,
+                  doubled: bool = False):
     """The tiny pair's target and draft, a batch of 8 anchors per random sequence, its taps
-    and the slot weights."""
+    and the slot weights; `doubled`: each sequence is `length` random tokens twice over, its
+    repeats marked in the batch."""
     _, draft_dir, model, _ = pair
     target = adapter_for(model)
     draft = load_draft_folder(draft_dir)
     rng = np.random.default_rng(seed)
-    data = Dataset([rng.integers(4, 300, size=length).tolist() for _ in range(sequences)],
-                   [prompt_len] * sequences)
+    seqs = [rng.integers(4, 300, size=length).tolist() for _ in range(sequences)]
+    data = Dataset([s + s for s in seqs] if doubled else seqs, [prompt_len] * sequences)
     batch = make_batch(data, range(sequences), 8, draft.args.block_size,
-                       draft.args.mask_token_id, rng)
+                       draft.args.mask_token_id, rng, mark_repeats=doubled)
     taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
     return target, draft, batch, taps, slot_weights(draft.args.block_size, 7.0)
 
@@ -440,16 +442,8 @@ def test_a_batchs_repeats_mark_the_slots_whose_label_recurs():
 
 
 def test_repeat_weight_scales_the_repeated_slots_of_the_loss(pair):
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
-    rng = np.random.default_rng(5)
-    fresh = [rng.integers(4, 300, size=20).tolist() for _ in range(2)]
-    data = Dataset([f + f for f in fresh], [4, 4])  # each reply repeats itself once
-    batch = make_batch(data, [0, 1], 8, draft.args.block_size, draft.args.mask_token_id, rng,
-                       mark_repeats=True)
-    taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
-    w = slot_weights(draft.args.block_size, 7.0)
+    target, draft, batch, taps, w = random_blocks(pair, 5, sequences=2, length=20,
+                                                  prompt_len=4, doubled=True)
     plain = block_loss(draft, target, batch, taps, w)
     assert block_loss(draft, target, batch, taps, w,
                       extra_weights=repeat_weights(batch.repeats, 1.0)) == plain
