@@ -135,9 +135,7 @@ def test_slot_weights_decay():
 def test_training_forward_equals_inference(pair):
     """One block through the masked training forward == DFlashDraft.__call__ after
     append_context (same RoPE positions, same context, bidirectional block)."""
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
+    target, draft = target_and_draft(pair)
     B, taps_ids = draft.args.block_size, draft.args.target_layer_ids
     seq = mx.array([[5, 17, 40, 2, 99, 123, 7, 61, 88, 9, 33, 14]])
     anchor = 7
@@ -311,14 +309,18 @@ def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
     assert hits[valid].all()
 
 
+def target_and_draft(pair):
+    """The tiny pair's target adapter and draft."""
+    _, draft_dir, model, _ = pair
+    return adapter_for(model), load_draft_folder(draft_dir)
+
+
 def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int,
                   doubled: bool = False):
     """The tiny pair's target and draft, a batch of 8 anchors per random sequence, its taps
     and the slot weights; `doubled`: each sequence is `length` random tokens twice over, its
     repeats marked in the batch."""
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
+    target, draft = target_and_draft(pair)
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(4, 300, size=length).tolist() for _ in range(sequences)]
     data = Dataset([s + s for s in seqs] if doubled else seqs, [prompt_len] * sequences)
@@ -364,9 +366,7 @@ def test_confidence_power_weights_each_slot_by_the_targets_label_probability(pai
 
 
 def test_anchor_probability_is_the_targets_for_each_blocks_anchor_token(pair):
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
+    target, draft = target_and_draft(pair)
     rng = np.random.default_rng(4)
     seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(2)]
     batch = make_batch(Dataset(seqs, [6, 6]), [0, 1], 5, draft.args.block_size,
@@ -376,7 +376,7 @@ def test_anchor_probability_is_the_targets_for_each_blocks_anchor_token(pair):
     assert p.shape == batch.anchors.shape
     for n, a in ((0, 0), (1, 3)):  # the softmax of the plain forward before the anchor
         at = int(batch.anchors[n, a])
-        logits = model(mx.array(seqs[n][:at])[None])[0, -1].astype(mx.float32)
+        logits = target.model(mx.array(seqs[n][:at])[None])[0, -1].astype(mx.float32)
         expected = mx.softmax(logits)[seqs[n][at]].item()
         assert abs(p[n, a].item() - expected) < 1e-5
 
@@ -469,9 +469,7 @@ def test_repeat_weight_is_checked_and_trains(pair, tmp_path, capsys):
 
 
 def test_validation_counts_the_novel_blocks_apart(pair):
-    _, draft_dir, model, _ = pair
-    target = adapter_for(model)
-    draft = load_draft_folder(draft_dir)
+    target, draft = target_and_draft(pair)
     rng = np.random.default_rng(6)
     fresh = [rng.integers(4, 300, size=24).tolist() for _ in range(3)]
     cfg = TrainConfig(model="m", out="o", batch=2, anchors=8, block_size=draft.args.block_size)
