@@ -24,6 +24,9 @@
 #   PART=verify-pieces the same for the synthetic Qwen3.5-9B in bf16 (scripts/verify_pieces.py):
 #                its GatedDeltaNet and attention layers' pieces at T=16 and T=1 after 2,048
 #                cached tokens, ranked by what 16 tokens cost over 1 (T_verify16 / T_ar)
+#   PART=rollback issue 13's fused rollback kernel (one launch per linear layer instead of
+#                several): scripts/gpu_checks.py (bitwise against the replay kernel and the conv
+#                rows), then the synthetic Qwen3.5-9B in bf16 without and with it
 #   PART=attention issue 13's fused block-attention kernel (on by default on CUDA) against
 #                MLX's attention: exactness and timing (scripts/gpu_attention_check.py), then
 #                the oracle rows and the three suites at 256 tokens with the defaults, and again
@@ -75,7 +78,7 @@ synthetic_bf16() {  # the synthetic Qwen3.5-9B in bf16 at 9.6 tokens/cycle (issu
   # session, so one pair decides nothing
   step 360 python3 -m engine.cli benchmark --synthetic qwen3.5-9b --tokens-per-cycle 9.6 \
     --max-tokens 256 --dtype bfloat16 --repeat ${REPEAT:-3} \
-    --json "$OUT/synthetic-qwen3.5-9b-bf16-h200.json"
+    --json "$OUT/synthetic-qwen3.5-9b-bf16${SUFFIX:-}-h200.json"
 }
 case "${PART:-}" in
 setup)
@@ -118,6 +121,11 @@ pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (the
   # session gave it 120 s on a fresh machine and it printed nothing: kernels build first)
   MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
+rollback)  # issue 13: the fused rollback kernel checked bitwise (scripts/gpu_checks.py), then
+  # the synthetic 9B in bf16 without it and with it (DFLASH_FUSED_ROLLBACK=1); ~8 minutes
+  step 150 python3 scripts/gpu_checks.py --out "$OUT/gpu_checks-h200.json"
+  synthetic_bf16
+  (export DFLASH_FUSED_ROLLBACK=1 SUFFIX=-fused-rollback; synthetic_bf16) ;;
 verify-pieces)  # issue 13: where the 9B shape's bf16 verify spends beyond a plain step
   TAIL=30 step 300 python3 scripts/verify_pieces.py --synthetic qwen3.5-9b \
     --json "$OUT/verify-pieces-qwen3.5-9b-bf16-h200.json" ;;
@@ -166,7 +174,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|verify-pieces|attention|overlap|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0

@@ -9,6 +9,9 @@
 (b) Timing on a Qwen3.5-9B-shaped layer (Hv=32, Hk=16, Dk=128, Dv=128, T=16, bf16).
 (c) A tiny hybrid model through GatedDeltaAdapter with the kernels: verify logits and
     rollback caches against mlx-lm's own path.
+(d) The fused rollback (engine/kernels/cuda.py: fused_rollback, on with
+    DFLASH_FUSED_ROLLBACK=1) against the replay kernel and the conv rows it replaces: bitwise,
+    every keep 0..T, each case's dtype and gate; its time against theirs on the 9B layer.
 Every check is caught and recorded; one failure never stops the run. Without CUDA the
 kernel parts report "skipped: no CUDA" and a small portable self-test exercises the
 harness instead.
@@ -32,6 +35,7 @@ import mlx.core as mx  # noqa: E402
 
 from engine import device  # noqa: E402
 from engine.kernels import PORTABLE, GatedDeltaKernels, native_kernels  # noqa: E402
+from engine.kernels.portable import conv_rows  # noqa: E402
 
 # (name, B, Hk, Hv, Dk, Dv, dtype, vector gate, T values)
 ALL_T = tuple(range(1, 17))
@@ -123,6 +127,52 @@ def check_case(cand: GatedDeltaKernels, case: tuple, ref: GatedDeltaKernels = PO
                                               portable_replay_err) <= STATE_ATOL
                        and replay_exact)
     return out
+
+
+CONV_CHANNELS = {"qwen9b": 8192}  # the 9B layer's conv width (2 x key dim + value dim)
+
+
+def check_rollback(fused: Callable[..., tuple[mx.array, mx.array]], kernels: GatedDeltaKernels,
+                   case: tuple) -> dict:
+    """`fused` (state, tape, keep, conv_state, qkv) against `kernels`' replay and
+    `conv_rows`, bitwise, after a verify of each T and every keep 0..T."""
+    name, B, Hk, Hv, Dk, Dv, dtype, vec, t_values = case
+    C = CONV_CHANNELS.get(name.split("-")[0], 2 * Hk * Dk + Hv * Dv)
+    state_exact = conv_exact = True
+    checked = 0
+    for T in t_values:
+        q, k, v, g, beta, state = make_inputs(B, T, Hk, Hv, Dk, Dv, dtype, vec, seed=T)
+        tape = kernels.verify(q, k, v, g, beta, state)[2]
+        keys = mx.random.split(mx.random.key(T), 2)
+        conv_state = mx.random.normal((B, 3, C), key=keys[0]).astype(getattr(mx, dtype))
+        qkv = mx.random.normal((B, T, C), key=keys[1]).astype(getattr(mx, dtype))
+        for keep in range(T + 1):
+            got_state, got_conv = fused(state, tape, keep, conv_state, qkv)
+            want_state = kernels.replay(state, tape, keep)
+            want_conv = conv_rows(conv_state, qkv, keep)
+            mx.eval(got_state, got_conv, want_state, want_conv)
+            state_exact &= exact(got_state, want_state)
+            conv_exact &= exact(got_conv, want_conv) and got_conv.dtype == want_conv.dtype
+            checked += 1
+    return {"case": f"rollback-{name}", "conv_channels": C, "rollbacks_checked": checked,
+            "state_bitwise": state_exact, "conv_bitwise": conv_exact,
+            "pass": bool(state_exact and conv_exact)}
+
+
+def time_rollback(fused: Callable[..., tuple[mx.array, mx.array]],
+                  kernels: GatedDeltaKernels, iters: int) -> dict:
+    """One 9B layer's rollback to 8 of 16 steps: fused, and as replay + conv rows."""
+    xs = make_inputs(1, 16, 16, 32, 128, 128, "bfloat16", False)
+    tape = kernels.verify(*xs)[2]
+    conv_state = mx.zeros((1, 3, 8192), mx.bfloat16)
+    qkv = mx.ones((1, 16, 8192), mx.bfloat16)
+    mx.eval(tape, conv_state, qkv)
+    state = xs[-1]
+    return {
+        "fused_keep8_ms": median_ms(lambda: fused(state, tape, 8, conv_state, qkv), iters),
+        "replay_and_rows_keep8_ms": median_ms(
+            lambda: (kernels.replay(state, tape, 8), conv_rows(conv_state, qkv, 8)), iters),
+    }
 
 
 def guarded(fn: Callable[[], dict], label: str) -> dict:
@@ -232,12 +282,22 @@ def run(out_path: Path | None, iters: int = 50) -> dict:
         report["exactness"] = {"status": "pass" if all(c["pass"] for c in cases) else "fail",
                                "cases": cases}
         report["timing"] = guarded(lambda: time_layer(cand, iters), "timing")
+        from engine.kernels.cuda import fused_rollback
+
+        rollbacks = [guarded(lambda c=c: check_rollback(fused_rollback, cand, c), c[0])
+                     for c in CASES]
+        report["fused_rollback"] = {
+            "status": "pass" if all(c["pass"] for c in rollbacks) else "fail",
+            "cases": rollbacks,
+            "timing": guarded(lambda: time_rollback(fused_rollback, cand, iters), "timing")}
     else:
         report["exactness"] = {"status": "skipped: no CUDA"}
         # Exercise the harness (portable against itself) so a CPU run proves the script.
         self_test = [guarded(lambda c=c: check_case(PORTABLE, c), c[0])
                      for c in SELF_TEST_CASES]
         self_test.append(guarded(lambda: check_adapter(PORTABLE), "adapter-qwen3_5-tiny"))
+        self_test += [guarded(lambda c=c: check_rollback(PORTABLE.roll_back, PORTABLE, c), c[0])
+                      for c in SELF_TEST_CASES]
         report["harness_self_test"] = self_test
         report["timing"] = guarded(lambda: time_layer(None, min(iters, 3)), "timing")
         report["timing"]["kernel"] = "skipped: no CUDA"
@@ -260,6 +320,9 @@ def summary_lines(report: dict) -> list[str]:
         bitwise = c.get("replay_equals_kernel_rerun_bitwise")
         lines.append(f"  {c['case']:<22} {'PASS' if c['pass'] else 'FAIL'} {worst}"
                      + ("" if bitwise is None else f" replay-bitwise={bitwise}"))
+    fused = report.get("fused_rollback")
+    if fused is not None:
+        lines.append(f"  fused rollback: {fused['status']}; timing {fused['timing']}")
     t = report["timing"]
     if "error" in t:
         lines.append(f"  timing ERROR {t['error'][:100]}")

@@ -9,7 +9,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_ops
 from tiny_qwen35 import make_tiny_qwen3_next, make_tiny_qwen35
 
-from engine.kernels import PORTABLE, gated_delta_verify, select, tape_replay
+from engine.kernels import PORTABLE, GatedDeltaKernels, gated_delta_verify, select, tape_replay
 from engine.targets.gated_delta import GatedDeltaAdapter
 
 PROMPT_LEN, T, ATOL = 20, 16, 1e-5
@@ -104,8 +104,9 @@ def test_verify_logits_match_model(model, tokens, tape):
     assert_caches_close(cache, ref)
 
 
-def rolled_back(model, base: list, draft: mx.array, keep: int, tape: bool) -> list:
-    adapter = GatedDeltaAdapter(model, enable_tape_replay=tape)
+def rolled_back(model, base: list, draft: mx.array, keep: int, tape: bool,
+                kernels: GatedDeltaKernels | None = None) -> list:
+    adapter = GatedDeltaAdapter(model, enable_tape_replay=tape, kernels=kernels)
     cache = clone(base)
     adapter.begin_verify(cache)
     mx.eval(adapter.forward(draft, cache, [0]))
@@ -138,6 +139,29 @@ def test_tape_replay_equals_rerun_bitwise(model, tokens):
             if isinstance(a, ArraysCache):
                 assert mx.array_equal(a[0], b[0]).item()
                 assert mx.array_equal(a[1], b[1]).item()
+
+
+def test_a_kernel_sets_fused_rollback_rolls_every_linear_layer_back(model, tokens):
+    """A kernel set with its own rollback (CUDA's fused one) gets each linear layer's
+    states, tape, keep and conv inputs, and the caches hold what it returns."""
+    prompt, draft = tokens[:, :PROMPT_LEN], tokens[:, PROMPT_LEN:]
+    base = prefilled(model, prompt)
+    calls = []
+
+    def fused(state, tape, keep, conv_state, qkv):
+        calls.append((keep, tape.delta.shape[1], qkv.shape[1]))
+        return PORTABLE.roll_back(state, tape, keep, conv_state, qkv)
+
+    spy = GatedDeltaKernels("spy", gated_delta_verify, tape_replay, fused)
+    for keep in (1, 9):
+        calls.clear()
+        got = rolled_back(model, base, draft, keep, tape=True, kernels=spy)
+        want = rolled_back(model, base, draft, keep, tape=True)
+        linear = sum(layer.is_linear for layer in GatedDeltaAdapter(model).layers)
+        assert calls == [(keep, T, T)] * linear
+        for a, b in zip(got, want, strict=True):
+            if isinstance(a, ArraysCache):
+                assert mx.array_equal(a[0], b[0]).item() and mx.array_equal(a[1], b[1]).item()
 
 
 def test_qwen3_next_rollback(tokens):

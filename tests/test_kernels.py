@@ -242,5 +242,31 @@ def test_gpu_checks_harness_runs_on_cpu(tmp_path):
     bad = kernels.GatedDeltaKernels("bad", portable.gated_delta_verify, wrong_replay)
     result = checks.check_case(bad, checks.SELF_TEST_CASES[0])
     assert not result["pass"] and not result["replay_equals_kernel_rerun_bitwise"]
+    rollback = checks.check_rollback(PORTABLE.roll_back, PORTABLE, checks.SELF_TEST_CASES[0])
+    assert rollback["pass"] and rollback["rollbacks_checked"] == 2 + 6 + 17
+
+    def late_rows(state, tape, keep, conv_state, qkv):  # the conv rows one step late
+        return (portable.tape_replay(state, tape, keep),
+                portable.conv_rows(conv_state, qkv, min(keep + 1, qkv.shape[1])))
+
+    late = checks.check_rollback(late_rows, PORTABLE, checks.SELF_TEST_CASES[0])
+    assert not late["pass"] and late["state_bitwise"] and not late["conv_bitwise"]
     crashed = checks.guarded(lambda: 1 / 0, "boom")
     assert not crashed["pass"] and "ZeroDivisionError" in crashed["error"]
+
+
+def test_the_fused_cuda_rollback_is_off_until_asked_for(monkeypatch):
+    monkeypatch.delenv(kernels.FUSED_ROLLBACK_ENV, raising=False)
+    assert kernels.native_kernels("cuda").rollback is None
+    assert kernels.native_kernels("metal").rollback is None
+    monkeypatch.setenv(kernels.FUSED_ROLLBACK_ENV, "1")
+    assert kernels.native_kernels("cuda").rollback is cuda.fused_rollback
+    assert kernels.native_kernels("metal").rollback is None  # CUDA's kernel only
+
+
+def test_conv_rows_are_the_last_rows_of_the_kept_prefix():
+    conv_state = mx.arange(6).reshape(1, 3, 2)  # rows 0..2 before the verify
+    qkv = 100 + mx.arange(10).reshape(1, 5, 2)  # the verify's 5 steps
+    assert portable.conv_rows(conv_state, qkv, 0).tolist() == conv_state.tolist()
+    assert portable.conv_rows(conv_state, qkv, 2).tolist() == [[[4, 5], [100, 101], [102, 103]]]
+    assert portable.conv_rows(conv_state, qkv, 5).tolist() == qkv[:, 2:].tolist()

@@ -67,7 +67,8 @@ def blas_info() -> dict:
             "blas_libraries_loaded": mapped}
 
 
-SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_CPU_KERNELS", "DFLASH_BLAS")
+SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_CPU_KERNELS", "DFLASH_BLAS",
+            "DFLASH_FUSED_ROLLBACK")
 
 
 def switches() -> dict:

@@ -354,6 +354,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         "backend": backend,
         "dtype": dtype,
         "kernels": getattr(getattr(target, "kernels", None), "name", "n/a"),
+        "fused_rollback": getattr(getattr(target, "kernels", None), "rollback", None) is not None,
         "target_config": target_config(name, layers, overrides),
         "target_layers": target.num_layers,
         "hidden_size": int(cfg.hidden_size),

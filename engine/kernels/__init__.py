@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from .. import device
 from ..errors import ConfigError
-from .portable import Tape, gated_delta_verify, tape_replay
+from .portable import Tape, conv_rows, gated_delta_verify, tape_replay
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,26 @@ class GatedDeltaKernels:
     verify: Callable[..., tuple[mx.array, mx.array, Tape]]
     # (state, tape, keep) -> state after the first `keep` steps
     replay: Callable[[mx.array, Tape, int], mx.array]
+    # (state, tape, keep, conv_state, qkv) -> both states after the first `keep` steps in
+    # one launch; None: `replay` and `conv_rows`
+    rollback: Callable[..., tuple[mx.array, mx.array]] | None = None
+
+    def roll_back(self, state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
+                  qkv: mx.array) -> tuple[mx.array, mx.array]:
+        """A linear layer's recurrent and conv states after the first `keep` of a verify's
+        steps, from the states before it, its tape and its conv inputs `qkv`."""
+        if self.rollback is not None:
+            return self.rollback(state, tape, keep, conv_state, qkv)
+        return self.replay(state, tape, keep), conv_rows(conv_state, qkv, keep)
 
 
 PORTABLE = GatedDeltaKernels("portable", gated_delta_verify, tape_replay)
 MODE_ENV = "DFLASH_KERNELS"
 MODES = ("auto", "portable", "native")
 PROVEN = {"cuda": True, "metal": False}  # fused kernels checked on that hardware
+# A rollback's replay and conv rows in one CUDA launch per layer instead of several: on when
+# this is "1", until scripts/gpu_checks.py has shown it bitwise equal on an H200
+FUSED_ROLLBACK_ENV = "DFLASH_FUSED_ROLLBACK"
 
 
 def native_kernels(backend: str) -> GatedDeltaKernels:
@@ -48,7 +62,9 @@ def native_kernels(backend: str) -> GatedDeltaKernels:
         from . import metal as mod
     else:
         raise ValueError(f"no native kernels for backend {backend!r}")
-    return GatedDeltaKernels(backend, mod.gated_delta_verify, mod.tape_replay)
+    fused = backend == "cuda" and os.environ.get(FUSED_ROLLBACK_ENV) == "1"
+    return GatedDeltaKernels(backend, mod.gated_delta_verify, mod.tape_replay,
+                             mod.fused_rollback if fused else None)
 
 
 def default_mode() -> str:
@@ -72,6 +88,7 @@ def select(backend: str | None = None, mode: str | None = None) -> GatedDeltaKer
 
 
 __all__ = [
+    "FUSED_ROLLBACK_ENV",
     "MODES",
     "MODE_ENV",
     "PORTABLE",

@@ -182,10 +182,60 @@ REPLAY_SOURCE = (
     }
 """ + STORE_STATE)
 
+# A rollback in one launch: the replay over the whole recorded tape (stride T), applying its
+# first keep[0] steps, then the conv state of the kept prefix, rows keep .. keep + K - 2 of
+# [conv_in; qkv], copied by every thread of the grid (grid-stride loop).
+ROLLBACK_SOURCE = (
+    r"""
+    // Replay's block layout; the tape is the verify's whole record, of T steps."""
+    + BLOCK_INDEX
+    + "    const size_t sbase = (size_t)n * Dv * Dk;\n"
+    + LOAD_STATE
+    + r"""
+    const int T = delta_shape[1];
+    const int NT = keep[0];
+    for (int t = 0; t < NT; ++t) {
+      const size_t hb = (size_t)(b * T + t) * Hv + hv;
+      const size_t kb = ((size_t)(b * T + t) * Hk + hk) * Dk;
+      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        const int row = warp + r * NW;
+        const float dl = delta[hb * Dv + row];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const int col = lane + 32 * e;
+          if (col < Dk) {
+            const float gc = VEC ? static_cast<float>(g[hb * Dk + col]) : gs;
+            s[r][e] = __fmul_rn(s[r][e], gc);
+            s[r][e] = __fmaf_rn(static_cast<float>(k[kb + col]), dl, s[r][e]);
+          }
+        }
+      }
+    }
+""" + STORE_STATE + r"""
+    // conv_in [B, K-1, C] and qkv [B, T, C] -> conv_out [B, K-1, C]
+    const int NK = conv_in_shape[1];
+    const int C = conv_in_shape[2];
+    const size_t total = (size_t)conv_in_shape[0] * NK * C;
+    const size_t step = (size_t)gridDim.z * blockDim.y * blockDim.x;
+    for (size_t i = ((size_t)blockIdx.z * blockDim.y + warp) * blockDim.x + lane; i < total;
+         i += step) {
+      const int c = (int)(i % C);
+      const int row = (int)((i / C) % NK);
+      const size_t bb = i / ((size_t)C * NK);
+      const int j = NT + row;
+      conv_out[i] = j < NK ? conv_in[(bb * NK + j) * C + c]
+                           : qkv[(bb * T + (j - NK)) * C + c];
+    }
+""")
+
 VERIFY_INPUTS = ["q", "k", "v", "g", "beta", "state_in"]
 VERIFY_OUTPUTS = ["y", "state_out", "delta"]
 REPLAY_INPUTS = ["state_in", "delta", "k", "g"]
 REPLAY_OUTPUTS = ["state_out"]
+ROLLBACK_INPUTS = ["state_in", "delta", "k", "g", "keep", "conv_in", "qkv"]
+ROLLBACK_OUTPUTS = ["state_out", "conv_out"]
 
 
 @dataclass(frozen=True)
@@ -225,7 +275,7 @@ class Plan:
         # Every input dtype is a template argument: MLX caches compiled kernels by name +
         # template, so two calls that differ only in an input dtype must not share one.
         # T is not: the kernels read it from an input's shape, so one compile serves 1..16.
-        names = ("A0", "A1", "A2", "A3", "A4", "A5")
+        names = ("A0", "A1", "A2", "A3", "A4", "A5", "A6")
         dtypes = [(n, a.dtype) for n, a in zip(names, arrays)]
         return dtypes + [
             ("MT", MAX_STEPS), ("Dk", self.Dk), ("Dv", self.Dv), ("Hk", self.Hk),
@@ -261,6 +311,14 @@ def _kernels() -> tuple[object, object]:
         source=REPLAY_SOURCE,
     )
     return verify, replay
+
+
+@cache
+def _rollback_kernel() -> object:
+    return mx.fast.cuda_kernel(
+        name="dflash_gdn_rollback", input_names=ROLLBACK_INPUTS,
+        output_names=ROLLBACK_OUTPUTS, source=ROLLBACK_SOURCE,
+    )
 
 
 def run_verify(kernel, q, k, v, g, beta, state) -> tuple[mx.array, mx.array, Tape]:
@@ -314,3 +372,31 @@ def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     """The state after the first `keep` verify steps, from the state before the verify."""
     return run_replay(_kernels()[1], state, tape, keep)
 
+
+
+@cache
+def _keep_array(keep: int) -> mx.array:
+    """`keep` as the kernel reads it, made once per value (every layer of every cycle)."""
+    return mx.array([keep], mx.int32)
+
+
+def fused_rollback(state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
+                   qkv: mx.array) -> tuple[mx.array, mx.array]:
+    """`tape_replay` and `portable.conv_rows` in one launch (the same float ops as the replay
+    kernel, so the same bits): a rollback costs one kernel per layer instead of several."""
+    T = tape.delta.shape[1]
+    if not 0 <= keep <= T:
+        raise ValueError(f"keep={keep} is outside the tape's 0..{T} steps")
+    p = plan(tape.k, tape.delta, tape.g)
+    if p is None:
+        return portable.tape_replay(state, tape, keep), portable.conv_rows(conv_state, qkv, keep)
+    arrays = [state, tape.delta, tape.k, tape.g, _keep_array(keep), conv_state, qkv]
+    state_out, conv_out = _rollback_kernel()(
+        inputs=arrays,
+        template=p.template(*arrays),
+        grid=p.grid,
+        threadgroup=p.threadgroup,
+        output_shapes=[state.shape, conv_state.shape],
+        output_dtypes=[mx.float32, conv_state.dtype],
+    )
+    return state_out, conv_out

@@ -70,3 +70,11 @@ def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     for t in range(keep):
         state = _replay_step(k[:, t], tape.g[:, t], tape.delta[:, t], state)
     return state
+
+
+def conv_rows(conv_state: mx.array, qkv: mx.array, keep: int) -> mx.array:
+    """The causal conv's state after the first `keep` verify steps: the last rows (as many
+    as `conv_state` [B, K-1, C] holds) of the rows before the verify and the kept steps'
+    conv inputs `qkv` [B, T, C]."""
+    rows = mx.concatenate([conv_state, qkv[:, :keep]], axis=1)
+    return mx.contiguous(rows[:, -conv_state.shape[1]:, :])

@@ -21,6 +21,7 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..kernels import GatedDeltaKernels, Tape, select
+from ..kernels.portable import conv_rows
 from .base import TargetAdapter, cache_arrays
 from .cpu_attention import attention_call
 
@@ -172,14 +173,11 @@ class GatedDeltaAdapter(TargetAdapter):
                 c.trim(drop)
                 continue
             rec = records[i]
-            n_keep = rec.conv_state.shape[1]
-            rows = mx.concatenate([rec.conv_state, rec.qkv[:, :keep]], axis=1)
-            c[0] = mx.contiguous(rows[:, -n_keep:, :])
-            c[1] = self._rebuild_state(rec, keep)
-
-    def _rebuild_state(self, rec: _LinearRecord, keep: int) -> mx.array:
-        if rec.inputs is None:
-            return self.kernels.replay(rec.state, rec.tape, keep)
-        # Reference path: re-run the recurrence on the kept steps' recorded inputs.
-        q, k, v, g, beta = (t[:, :keep] for t in rec.inputs)
-        return self.kernels.verify(q, k, v, g, beta, rec.state)[1]
+            if rec.inputs is None:
+                c[1], c[0] = self.kernels.roll_back(rec.state, rec.tape, keep, rec.conv_state,
+                                                    rec.qkv)
+                continue
+            # Reference path: re-run the recurrence on the kept steps' recorded inputs.
+            q, k, v, g, beta = (t[:, :keep] for t in rec.inputs)
+            c[1] = self.kernels.verify(q, k, v, g, beta, rec.state)[1]
+            c[0] = conv_rows(rec.conv_state, rec.qkv, keep)
