@@ -75,7 +75,9 @@
 #            compare novel_tokens_per_cycle in the log); its CPU ship test runs here while the
 #            device runs run-gpu.sh's PART=verify-pieces (issue 13, not yet run; ~5 minutes on
 #            a fresh machine) and the same A/B with "--repeat-weight 0.1". Copy each call's
-#            files within the machine's 30 s idle release, or it is given back.
+#            files within the machine's 30 s idle release, or it is given back. Then, for
+#            issue 13, run-gpu.sh's PART=rollback (~8 minutes: the fused rollback kernel
+#            checked bitwise, the synthetic 9B without and with it)
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:

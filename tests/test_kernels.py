@@ -160,7 +160,8 @@ STUB_HEADER = """#include <cuda_bf16.h>
 // Stand-in for MLX's Shape (cuda::std::array<int32_t, MAX_NDIM>) from device/utils.cuh.
 struct Shape { int32_t d[10]; __device__ int32_t operator[](int i) const { return d[i]; } };
 """
-CUDA_TYPES = {mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half"}
+CUDA_TYPES = {mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half",
+              mx.int32: "int32_t"}
 
 
 def mlx_style_kernel(name: str, source: str, inputs: list[tuple[str, mx.Dtype]],
@@ -203,6 +204,12 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
             f"replay{i}", cuda.REPLAY_SOURCE,
             [(n, a.dtype) for n, a in zip(cuda.REPLAY_INPUTS, rins)],
             [("state_out", mx.float32)], p.template(*rins)))
+        conv = mx.zeros((1, 3, 8), dtype)
+        bins = [*rins, mx.array([1], mx.int32), conv, mx.zeros((1, 5, 8), dtype)]
+        units.append(mlx_style_kernel(
+            f"rollback{i}", cuda.ROLLBACK_SOURCE,
+            [(n, a.dtype) for n, a in zip(cuda.ROLLBACK_INPUTS, bins)],
+            list(zip(cuda.ROLLBACK_OUTPUTS, [mx.float32, dtype])), p.template(*bins)))
     src = tmp_path / "k.cu"
     src.write_text(STUB_HEADER + "namespace mlx::core::cu {\n" + "".join(units) + "}\n")
     run = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", str(src), "-o", str(tmp_path / "k")],
@@ -213,6 +220,15 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
 
 # -- on the device ----------------------------------------------------------------------------
 CUDA = device.present("cuda")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [0, 4])
+def test_fused_cuda_rollback_is_the_replay_kernel_and_conv_rows_bitwise(case):
+    checks = load_script("gpu_checks")
+    result = checks.check_rollback(cuda.fused_rollback, kernels.native_kernels("cuda"),
+                                   checks.CASES[case])
+    assert result["pass"], result
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
