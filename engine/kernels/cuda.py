@@ -153,68 +153,58 @@ VERIFY_SOURCE = r"""
     }
 """ + STORE_STATE
 
+# The replay's steps on the registers of LOAD_STATE: the first NT steps of a tape recorded
+# with TS steps per batch row; per step S = g * S; S = S + delta k^T.
+REPLAY_STEPS = r"""
+    for (int t = 0; t < NT; ++t) {
+      const size_t hb = (size_t)(b * TS + t) * Hv + hv;
+      const size_t kb = ((size_t)(b * TS + t) * Hk + hk) * Dk;
+      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        const int row = warp + r * NW;
+        const float dl = delta[hb * Dv + row];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const int col = lane + 32 * e;
+          if (col < Dk) {
+            const float gc = VEC ? static_cast<float>(g[hb * Dk + col]) : gs;
+            s[r][e] = __fmul_rn(s[r][e], gc);
+            s[r][e] = __fmaf_rn(static_cast<float>(k[kb + col]), dl, s[r][e]);
+          }
+        }
+      }
+    }
+"""
+
 REPLAY_SOURCE = (
     r"""
-    // Same block layout as the verify; per step S = g * S; S = S + delta k^T."""
+    // Same block layout as the verify."""
     + BLOCK_INDEX
     + "    const size_t sbase = (size_t)n * Dv * Dk;\n"
     + LOAD_STATE
     + r"""
     const int NT = delta_shape[1];  // the tape's first `keep` steps, sliced by the caller
-    for (int t = 0; t < NT; ++t) {
-      const size_t hb = (size_t)(b * NT + t) * Hv + hv;
-      const size_t kb = ((size_t)(b * NT + t) * Hk + hk) * Dk;
-      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        const int row = warp + r * NW;
-        const float dl = delta[hb * Dv + row];
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-          const int col = lane + 32 * e;
-          if (col < Dk) {
-            const float gc = VEC ? static_cast<float>(g[hb * Dk + col]) : gs;
-            s[r][e] = __fmul_rn(s[r][e], gc);
-            s[r][e] = __fmaf_rn(static_cast<float>(k[kb + col]), dl, s[r][e]);
-          }
-        }
-      }
-    }
-""" + STORE_STATE)
+    const int TS = NT;"""
+    + REPLAY_STEPS
+    + STORE_STATE)
 
-# A rollback in one launch: the replay over the whole recorded tape (stride T), applying its
-# first keep[0] steps, then the conv state of the kept prefix, rows keep .. keep + K - 2 of
+# A rollback in one launch: the replay over the whole recorded tape (TS steps), applying its
+# first keep[0], then the conv state of the kept prefix, rows keep .. keep + K - 2 of
 # [conv_in; qkv], copied by every thread of the grid (grid-stride loop).
 ROLLBACK_SOURCE = (
     r"""
-    // Replay's block layout; the tape is the verify's whole record, of T steps."""
+    // Replay's block layout; the tape is the verify's whole record."""
     + BLOCK_INDEX
     + "    const size_t sbase = (size_t)n * Dv * Dk;\n"
     + LOAD_STATE
     + r"""
-    const int T = delta_shape[1];
-    const int NT = keep[0];
-    for (int t = 0; t < NT; ++t) {
-      const size_t hb = (size_t)(b * T + t) * Hv + hv;
-      const size_t kb = ((size_t)(b * T + t) * Hk + hk) * Dk;
-      const float gs = VEC ? 0.0f : static_cast<float>(g[hb]);
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        const int row = warp + r * NW;
-        const float dl = delta[hb * Dv + row];
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-          const int col = lane + 32 * e;
-          if (col < Dk) {
-            const float gc = VEC ? static_cast<float>(g[hb * Dk + col]) : gs;
-            s[r][e] = __fmul_rn(s[r][e], gc);
-            s[r][e] = __fmaf_rn(static_cast<float>(k[kb + col]), dl, s[r][e]);
-          }
-        }
-      }
-    }
-""" + STORE_STATE + r"""
-    // conv_in [B, K-1, C] and qkv [B, T, C] -> conv_out [B, K-1, C]
+    const int TS = delta_shape[1];
+    const int NT = keep[0];"""
+    + REPLAY_STEPS
+    + STORE_STATE
+    + r"""
+    // conv_in [B, K-1, C] and qkv [B, TS, C] -> conv_out [B, K-1, C]
     const int NK = conv_in_shape[1];
     const int C = conv_in_shape[2];
     const size_t total = (size_t)conv_in_shape[0] * NK * C;
@@ -226,7 +216,7 @@ ROLLBACK_SOURCE = (
       const size_t bb = i / ((size_t)C * NK);
       const int j = NT + row;
       conv_out[i] = j < NK ? conv_in[(bb * NK + j) * C + c]
-                           : qkv[(bb * T + (j - NK)) * C + c];
+                           : qkv[(bb * TS + (j - NK)) * C + c];
     }
 """)
 
