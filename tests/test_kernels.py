@@ -118,6 +118,17 @@ def emulated_replay(*, inputs, template, grid, threadgroup, output_shapes, outpu
     return [out]
 
 
+def emulated_rollback(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+    """The fused rollback applies keep[0] of the whole tape's steps and takes the conv rows."""
+    state, delta, k, g, keep, conv_in, qkv = inputs
+    n = keep.item()
+    outs = [portable.tape_replay(state, portable.Tape(delta, k, g), n),
+            portable.conv_rows(conv_in, qkv, n)]
+    for o, shape, dtype in zip(outs, output_shapes, output_dtypes, strict=True):
+        assert o.shape == tuple(shape) and o.dtype == dtype
+    return outs
+
+
 @pytest.mark.parametrize("B,vec", [(1, False), (2, True)])
 def test_wrappers_slice_and_shape_like_portable(B, vec):
     T, Hk, Hv, Dk, Dv = 6, 2, 4, 32, 8
@@ -137,6 +148,13 @@ def test_wrappers_slice_and_shape_like_portable(B, vec):
         assert mx.array_equal(got, portable.tape_replay(state, tape_ref, keep))
     with pytest.raises(ValueError):
         cuda.run_replay(emulated_replay, state, tape, T + 1)
+    conv, qkv = mx.random.normal((B, 3, 10), key=ks[0]), mx.random.normal((B, T, 10), key=ks[1])
+    for keep in range(T + 1):
+        got = cuda.run_rollback(emulated_rollback, state, tape, keep, conv, qkv)
+        assert mx.array_equal(got[0], portable.tape_replay(state, tape_ref, keep))
+        assert mx.array_equal(got[1], portable.conv_rows(conv, qkv, keep))
+    with pytest.raises(ValueError):
+        cuda.run_rollback(emulated_rollback, state, tape, T + 1, conv, qkv)
 
 
 def test_wrapper_falls_back_to_portable_outside_the_plan():
@@ -150,6 +168,9 @@ def test_wrapper_falls_back_to_portable_outside_the_plan():
     y, final, tape = cuda.run_verify(never, q, k, v, g, beta, state)
     assert mx.array_equal(final, portable.gated_delta_verify(q, k, v, g, beta, state)[1])
     assert mx.array_equal(cuda.run_replay(never, state, tape, T), final)
+    conv, qkv = mx.zeros((1, 3, 4)), mx.ones((1, T, 4))
+    rolled, rows = cuda.run_rollback(never, state, tape, T, conv, qkv)
+    assert mx.array_equal(rolled, final) and mx.array_equal(rows, qkv[:, -3:])
 
 
 # -- the CUDA source ------------------------------------------------------------------------

@@ -370,10 +370,9 @@ def _keep_array(keep: int) -> mx.array:
     return mx.array([keep], mx.int32)
 
 
-def fused_rollback(state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
-                   qkv: mx.array) -> tuple[mx.array, mx.array]:
-    """`tape_replay` and `portable.conv_rows` in one launch (the same float ops as the replay
-    kernel, so the same bits): a rollback costs one kernel per layer instead of several."""
+def run_rollback(kernel, state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
+                 qkv: mx.array) -> tuple[mx.array, mx.array]:
+    """Launch a fused rollback kernel on the whole tape and conv inputs."""
     T = tape.delta.shape[1]
     if not 0 <= keep <= T:
         raise ValueError(f"keep={keep} is outside the tape's 0..{T} steps")
@@ -381,7 +380,7 @@ def fused_rollback(state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
     if p is None:
         return portable.tape_replay(state, tape, keep), portable.conv_rows(conv_state, qkv, keep)
     arrays = [state, tape.delta, tape.k, tape.g, _keep_array(keep), conv_state, qkv]
-    state_out, conv_out = _rollback_kernel()(
+    state_out, conv_out = kernel(
         inputs=arrays,
         template=p.template(*arrays),
         grid=p.grid,
@@ -390,3 +389,10 @@ def fused_rollback(state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
         output_dtypes=[mx.float32, conv_state.dtype],
     )
     return state_out, conv_out
+
+
+def fused_rollback(state: mx.array, tape: Tape, keep: int, conv_state: mx.array,
+                   qkv: mx.array) -> tuple[mx.array, mx.array]:
+    """`tape_replay` and `portable.conv_rows` in one launch (the same float ops as the replay
+    kernel, so the same bits): a rollback costs one kernel per layer instead of several."""
+    return run_rollback(_rollback_kernel(), state, tape, keep, conv_state, qkv)
