@@ -19,6 +19,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,17 +55,21 @@ def shares(data: Dataset, limit: int) -> dict:
     }
 
 
-def loss_split(data: Dataset, model: str, draft_dir: str, sample: int, seed: int = 0) -> dict:
+def load_pair(model: str, draft_dir: str) -> tuple[Any, Any]:
+    """(target adapter, draft) for `loss_split`."""
+    from engine.loading import load_draft_folder, load_target
+    from engine.targets import adapter_for
+
+    return adapter_for(load_target(model)[0]), load_draft_folder(Path(draft_dir))
+
+
+def loss_split(data: Dataset, target: Any, draft: Any, sample: int, seed: int = 0) -> dict:
     """The draft's decay-weighted training loss and slot accuracy on `sample` answers, split
     into slots whose label ends a repeated 4-gram and the rest (96 anchors per answer)."""
     import mlx.core as mx
 
-    from engine.loading import load_draft_folder, load_target
-    from engine.targets import adapter_for
     from engine.train.objective import make_batch, slot_logits, slot_weights, target_taps
 
-    draft = load_draft_folder(Path(draft_dir))
-    target = adapter_for(load_target(model)[0])
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(data), min(sample, len(data)), replace=False).tolist()
     w = slot_weights(draft.args.block_size, 7.0)
@@ -82,7 +87,7 @@ def loss_split(data: Dataset, model: str, draft_dir: str, sample: int, seed: int
             sums[name] += [float((ce * weight).sum()), float(weight.sum()),
                            float((hit * mask).sum()), float((batch.valid * mask).sum())]
     loss, weight = (sum(v[j] for v in sums.values()) for j in (0, 1))
-    return {"model": model, "draft": draft_dir, "answers": len(picked), **{
+    return {"answers": len(picked), **{
         name: {"loss_share": v[0] / loss, "weight_share": v[1] / weight,
                "mean_loss": v[0] / max(v[1], 1e-9), "slot_accuracy": v[2] / max(v[3], 1)}
         for name, v in sums.items()}}
@@ -102,16 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     given = sys.argv[1:] if argv is None else argv
     out = {"command": shlex.join(["python", "scripts/loop_share.py", *given]),
            "sets": {}}
+    pair = load_pair(args.model, args.draft) if args.draft else None
     for path in args.data:
-        row = shares(Dataset.load(Path(path).expanduser()), args.limit)
+        data = Dataset.load(Path(path).expanduser())
+        row = shares(data, args.limit)
         out["sets"][Path(path).name] = row
         print(f"{Path(path).name}: {row['answers']} answers, {row['mean_reply_tokens']:.0f} "
               f"tokens each, repeated tokens {row['repeated_token_share']:.2f}, repeated "
               f"4-grams {row['repeat4_share_token_weighted']:.2f} (first {FIRST}: "
               f"{row[f'repeat4_share_first_{FIRST}_mean']:.2f})")
-        if args.draft:
-            row["loss_split"] = split = loss_split(Dataset.load(Path(path).expanduser()),
-                                                   args.model, args.draft, args.sample)
+        if pair is not None:
+            split = loss_split(data, *pair, args.sample)
+            row["loss_split"] = split = {"model": args.model, "draft": args.draft, **split}
             for name in ("repeated", "novel"):
                 part = split[name]
                 print(f"  {name} slots: {part['weight_share']:.2f} of the slot weight, "

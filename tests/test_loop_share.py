@@ -29,7 +29,8 @@ def test_the_loss_split_covers_every_slot(tiny_pairs, tmp_path, capsys):
     fresh = [rng.integers(4, 200, size=20).tolist() for _ in range(4)]
     data = tmp_path / "data.npz"
     Dataset([[1, 2, 3] + f + f for f in fresh], [3] * 4).save(data)
-    split = study.loss_split(Dataset.load(data), str(target), str(draft), sample=4)
+    split = study.loss_split(Dataset.load(data), *study.load_pair(str(target), str(draft)),
+                             sample=4)
     assert split["answers"] == 4
     parts = split["repeated"], split["novel"]
     assert abs(sum(p["loss_share"] for p in parts) - 1) < 1e-6

@@ -26,18 +26,22 @@ DEFINITIONS = {
 }
 
 
+def repeated_ngrams(tokens: Sequence[int], n: int = 4) -> list[bool]:
+    """For each n-gram of `tokens` in order (the i-th ends at token i + n - 1): whether it
+    already occurred earlier in the same sequence."""
+    seen: set[tuple[int, ...]] = set()
+    flags = []
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        flags.append(gram in seen)
+        seen.add(gram)
+    return flags
+
+
 def repeated_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
     """Share of the n-grams of `tokens` that already occurred earlier in the same sequence."""
-    total = len(tokens) - n + 1
-    if total <= 0:
-        return 0.0
-    seen: set[tuple[int, ...]] = set()
-    repeats = 0
-    for i in range(total):
-        gram = tuple(tokens[i:i + n])
-        repeats += gram in seen
-        seen.add(gram)
-    return repeats / total
+    flags = repeated_ngrams(tokens, n)
+    return sum(flags) / len(flags) if flags else 0.0
 
 
 def loop_start(tokens: Sequence[int], window: int = LOOP_WINDOW,

@@ -363,7 +363,6 @@ def tape_replay(state: mx.array, tape: Tape, keep: int) -> mx.array:
     return run_replay(_kernels()[1], state, tape, keep)
 
 
-
 @cache
 def _keep_array(keep: int) -> mx.array:
     """`keep` as the kernel reads it, made once per value (every layer of every cycle)."""

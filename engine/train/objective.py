@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..bench.metrics import repeated_ngrams
 from ..draft import DFlashDraft
 from ..targets.base import TargetAdapter
 from .dataset import Dataset
@@ -80,12 +81,8 @@ def repeated_positions(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> n
     decode's suffix lookup (engine/lookup.py) mostly proposes instead of the draft."""
     out = np.zeros(tokens.shape, bool)
     for row, length in enumerate(lengths):
-        seq = tokens[row, :length].tolist()
-        seen: set[tuple[int, ...]] = set()
-        for t in range(n - 1, int(length)):
-            gram = tuple(seq[t - n + 1:t + 1])
-            out[row, t] = gram in seen
-            seen.add(gram)
+        flags = repeated_ngrams(tokens[row, :length].tolist(), n)
+        out[row, n - 1:n - 1 + len(flags)] = flags
     return out
 
 
