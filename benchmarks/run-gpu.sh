@@ -25,8 +25,10 @@
 #                its GatedDeltaNet and attention layers' pieces at T=16 and T=1 after 2,048
 #                cached tokens, ranked by what 16 tokens cost over 1 (T_verify16 / T_ar)
 #   PART=rollback issue 13's fused rollback kernel (one launch per linear layer instead of
-#                several): scripts/gpu_checks.py (bitwise against the replay kernel and the conv
-#                rows), then the synthetic Qwen3.5-9B in bf16 without and with it
+#                several; the CUDA default since the stage-24 session): scripts/gpu_checks.py
+#                (bitwise against the replay kernel and the conv rows), then the synthetic
+#                Qwen3.5-9B in bf16 without it (DFLASH_FUSED_ROLLBACK=0, SUFFIX
+#                -separate-rollback) and with it (the defaults); ~8 minutes
 #   PART=attention issue 13's fused block-attention kernel (on by default on CUDA) against
 #                MLX's attention: exactness and timing (scripts/gpu_attention_check.py), then
 #                the oracle rows and the three suites at 256 tokens with the defaults, and again
@@ -122,10 +124,12 @@ pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (the
   MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
     --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
 rollback)  # issue 13: the fused rollback kernel checked bitwise (scripts/gpu_checks.py), then
-  # the synthetic 9B in bf16 without it and with it (DFLASH_FUSED_ROLLBACK=1); ~8 minutes
+  # the synthetic 9B in bf16 without it and with it (the default); ~8 minutes. The stage-24
+  # session's run (benchmarks/stage24/) came before it was the default: its first synthetic
+  # file is without it, its -fused-rollback file (DFLASH_FUSED_ROLLBACK=1) with it
   step 150 python3 scripts/gpu_checks.py --out "$OUT/gpu_checks-h200.json"
-  synthetic_bf16
-  (export DFLASH_FUSED_ROLLBACK=1 SUFFIX=-fused-rollback; synthetic_bf16) ;;
+  (export DFLASH_FUSED_ROLLBACK=0 SUFFIX=-separate-rollback; synthetic_bf16)
+  synthetic_bf16 ;;
 verify-pieces)  # issue 13: where the 9B shape's bf16 verify spends beyond a plain step
   TAIL=30 step 300 python3 scripts/verify_pieces.py --synthetic qwen3.5-9b \
     --json "$OUT/verify-pieces-qwen3.5-9b-bf16-h200.json" ;;

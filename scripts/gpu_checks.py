@@ -9,9 +9,10 @@
 (b) Timing on a Qwen3.5-9B-shaped layer (Hv=32, Hk=16, Dk=128, Dv=128, T=16, bf16).
 (c) A tiny hybrid model through GatedDeltaAdapter with the kernels: verify logits and
     rollback caches against mlx-lm's own path.
-(d) The fused rollback (engine/kernels/cuda.py: fused_rollback, on with
-    DFLASH_FUSED_ROLLBACK=1) against the replay kernel and the conv rows it replaces: bitwise,
-    every keep 0..T, each case's dtype and gate; its time against theirs on the 9B layer.
+(d) The fused rollback (engine/kernels/cuda.py: fused_rollback, the CUDA default;
+    DFLASH_FUSED_ROLLBACK=0 turns it off) against the replay kernel and the conv rows it
+    replaces: bitwise, every keep 0..T, each case's dtype and gate; its time against theirs
+    on the 9B layer.
 Every check is caught and recorded; one failure never stops the run. Without CUDA the
 kernel parts report "skipped: no CUDA" and a small portable self-test exercises the
 harness instead.

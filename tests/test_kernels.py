@@ -292,13 +292,13 @@ def test_gpu_checks_harness_runs_on_cpu(tmp_path):
     assert not crashed["pass"] and "ZeroDivisionError" in crashed["error"]
 
 
-def test_the_fused_cuda_rollback_is_off_until_asked_for(monkeypatch):
+def test_the_fused_cuda_rollback_is_on_unless_turned_off(monkeypatch):
     monkeypatch.delenv(kernels.FUSED_ROLLBACK_ENV, raising=False)
-    assert kernels.native_kernels("cuda").rollback is None
-    assert kernels.native_kernels("metal").rollback is None
-    monkeypatch.setenv(kernels.FUSED_ROLLBACK_ENV, "1")
     assert kernels.native_kernels("cuda").rollback is cuda.fused_rollback
     assert kernels.native_kernels("metal").rollback is None  # CUDA's kernel only
+    monkeypatch.setenv(kernels.FUSED_ROLLBACK_ENV, "0")
+    assert kernels.native_kernels("cuda").rollback is None
+    assert kernels.native_kernels("metal").rollback is None
 
 
 def test_conv_rows_are_the_last_rows_of_the_kept_prefix():

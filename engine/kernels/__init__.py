@@ -49,8 +49,8 @@ PORTABLE = GatedDeltaKernels("portable", gated_delta_verify, tape_replay)
 MODE_ENV = "DFLASH_KERNELS"
 MODES = ("auto", "portable", "native")
 PROVEN = {"cuda": True, "metal": False}  # fused kernels checked on that hardware
-# A rollback's replay and conv rows in one CUDA launch per layer instead of several: on when
-# this is "1", until scripts/gpu_checks.py has shown it bitwise equal on an H200
+# A rollback's replay and conv rows in one CUDA launch per layer instead of several (checked
+# bitwise against them on an H200 by scripts/gpu_checks.py); "0" goes back to the separate ones
 FUSED_ROLLBACK_ENV = "DFLASH_FUSED_ROLLBACK"
 
 
@@ -62,7 +62,7 @@ def native_kernels(backend: str) -> GatedDeltaKernels:
         from . import metal as mod
     else:
         raise ValueError(f"no native kernels for backend {backend!r}")
-    fused = backend == "cuda" and os.environ.get(FUSED_ROLLBACK_ENV) == "1"
+    fused = backend == "cuda" and os.environ.get(FUSED_ROLLBACK_ENV) != "0"
     return GatedDeltaKernels(backend, mod.gated_delta_verify, mod.tape_replay,
                              mod.fused_rollback if fused else None)
 
