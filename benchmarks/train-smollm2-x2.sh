@@ -69,15 +69,17 @@
 #            (PROFILE=10) that run failed at its start in all four tries on CUDA (an illegal
 #            memory access, then "cudaGraphInstantiate ... out of memory"): give PROFILE=0
 #            with --surprise-weight. Then run-gpu.sh's PART=goals
-#   next: the same files staged; PROFILE=0 PART=ab AB_VARIANTS=b AB_GPU_B=0 AB_S=290 LR=6e-5
-#            DATA_WEIGHTS="*/gen-20-*=1,*=0.4" B_ARGS="--repeat-weight 0.3" (slots that repeat
-#            an earlier 4-gram, over half of the answers, weigh 0.3; stage 20 the control;
-#            compare novel_tokens_per_cycle in the log); its CPU ship test runs here while the
-#            device runs run-gpu.sh's PART=verify-pieces (issue 13, not yet run; ~5 minutes on
-#            a fresh machine) and the same A/B with "--repeat-weight 0.1". Copy each call's
-#            files within the machine's 30 s idle release, or it is given back. Then, for
-#            issue 13, run-gpu.sh's PART=rollback (~8 minutes: the fused rollback kernel
-#            checked bitwise, the synthetic 9B without and with it)
+#   stage 24 (one H200, the cached answers gone again): the GGUF and train_prompts staged;
+#            run-gpu.sh's PART=rollback (issue 13), then SEED=24 PART=gen GEN_GPUS=0 GEN_S=270
+#            (gen-24-0.npz, ~/.cache/dflash-chat/train-data/stage24/), then PROFILE=0 PART=ab
+#            AB_VARIANTS=b AB_GPU_B=0 AB_S=300 LR=6e-5 DATA_WEIGHTS="*/gen-24-*=1,*=0.4"
+#            B_ARGS="--repeat-weight 0.3" (not shipped: the suites level, the seventh
+#            training change in a row). Staging nine parts took ten calls of ~5 s each.
+#   next: seven loss and data changes in a row left the suites level; the draft's
+#            training compute per session (~7 minutes) is the bound. Measure what a longer
+#            run at a higher lr from stage 16 does (PART=train SOLO=1 LR=1.5e-4 TRAIN_S=540
+#            on a fresh slice) before another objective change, and give run-gpu.sh's
+#            PART=verify-pieces its turn (issue 13).
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
