@@ -89,6 +89,12 @@ class DFlashConfig:
     # bit in float32). Off: on the H200 its masked verify cost more than the overlap saved
     # (benchmarks/stage20/).
     pipeline: bool = False
+    # Finish greedy one-row draft proposals from the context (engine/cycle.py:
+    # copied_proposal): slot by slot, the token that followed the longest earlier n-gram the
+    # context and the block so far end with replaces the draft's top token where the draft
+    # gives it at least these odds of that token's probability. None: off. Lossless: the
+    # target verifies every proposal.
+    copy_odds: float | None = None
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -162,6 +168,12 @@ class DFlashConfig:
             raise ConfigError(f"branches={b!r} with min_draft_confidence="
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
+        co = self.copy_odds
+        if co is not None and (not isinstance(co, (int, float)) or isinstance(co, bool)
+                               or not 0 < co <= 1):
+            raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
+                              "token replaces the draft's where the draft gives it at least "
+                              "that share of its top token's probability), or None (off)")
         sv = self.stream_verify
         if sv != "auto" and sv is not None and (
                 not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
@@ -240,6 +252,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="where the last N or more tokens occurred before in the prompt or "
                         "reply, propose what followed them instead of a draft forward "
                         f"(default {MIN_MATCH}); 'off': the draft every cycle")
+    p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
+                   help="finish greedy draft proposals from the context: slot by slot, the "
+                        "token that followed the longest earlier n-gram the reply so far "
+                        "ends with replaces the draft's where the draft gives it at least P "
+                        "times its top token's probability (default off)")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -332,6 +349,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
+                        copy_odds=args.copy_odds,
                         chat_template_args=args.chat_template_args, **more)
 
 
@@ -368,6 +386,19 @@ def _count_or_off(text: str, least: int, what: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{text!r}: give a {what} count of at least {least}, "
                                          "or 'off'")
     return int(text)
+
+
+def copy_odds_arg(text: str) -> float | None:
+    """argparse type for --copy-odds: odds in (0, 1], or 'off'."""
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give odds in (0, 1], e.g. 0.1, or 'off'")
+    return value
 
 
 def lookup_arg(text: str) -> int | None:

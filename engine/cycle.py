@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
-from .lookup import SuffixLookup
+from .lookup import ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
@@ -99,6 +100,49 @@ def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
     drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
     proposal = mx.concatenate([mx.array([[staged]], dtype=mx.int32), drafted], axis=1)
     return proposal[:, :verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)]
+
+
+def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: ContextCopy,
+                    odds: float, min_confidence: float | None = None,
+                    lengths: Sequence[int] = (), repeat: Sequence[int] = ()
+                    ) -> tuple[mx.array, bool]:
+    """`drafted_proposal` built slot by slot on the host: at each slot the context's
+    candidate (`ContextCopy.candidate` of the tokens chosen so far) replaces the draft's top
+    token where the draft gives it at least `odds` times that token's probability. With
+    `repeat` (a suffix lookup's proposal from a short match), the repeat instead where the
+    draft expects it to run REPEAT_ODDS times as far (`choose_proposal`'s rule). Reads the
+    draft's distributions (a host sync between draft and verify, as the verify cut's); the
+    cut then reads the chosen tokens' probabilities. Lossless: the target verifies it.
+    -> (verify input [1, <= size], whether the repeat was taken)."""
+    probs_d = mx.softmax(logits[0], axis=-1, precise=True)  # [n, K]
+    top_d = mx.argmax(probs_d, axis=-1)
+    ids_d = head.token_ids(top_d)
+    mx.eval(probs_d, top_d, ids_d)  # the cycle's read before its verify
+    probs, top, top_ids = np.array(probs_d), np.array(top_d), np.array(ids_d)
+    row: list[int] = []
+    chosen: list[float] = []
+    for j in range(probs.shape[0]):
+        token, p = int(top_ids[j]), float(probs[j, top[j]])
+        candidate = copy.candidate(row)
+        if candidate >= 0 and candidate != token:
+            index = head.host_index(candidate)
+            if index >= 0 and probs[j, index] >= odds * p:
+                token, p = candidate, float(probs[j, index])
+        row.append(token)
+        chosen.append(p)
+    size = len(row) + 1
+    if repeat:
+        n = min(len(repeat), len(row))
+        indices = [head.host_index(t) for t in repeat[:n]]
+        repeat_probs = [float(probs[j, i]) if i >= 0 else 0.0 for j, i in enumerate(indices)]
+        if (np.cumprod(repeat_probs).sum()
+                >= REPEAT_ODDS * np.cumprod(chosen).sum()):
+            return mx.array([[staged, *repeat[:n]]], dtype=mx.int32), True
+    n = size
+    if min_confidence is not None:
+        run = next((j for j, p in enumerate(chosen) if p < min_confidence), len(chosen))
+        n = padded(min(run + 2, size), size, lengths)
+    return mx.array([[staged, *row][:n]], dtype=mx.int32), False
 
 
 def branch_rows(staged: int, logits: mx.array, head: DraftHead, slots: int, choices: int
@@ -354,6 +398,10 @@ class DraftProposer:
     # Greedy whole-block draft proposals as a tree (`branch_rows`): the draft's runner-ups
     # at its first `branches[0]` slots, up to its `branches[1]`-th choice; None: one row.
     branches: tuple[int, int] | None = None
+    # Greedy one-row draft proposals finished from the context (`copied_proposal`), seeded
+    # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
+    copy: ContextCopy | None = None
+    copy_odds: float = 0.1
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -366,9 +414,11 @@ class DraftProposer:
             self.branches = None
 
     def observe(self, tokens: Sequence[int]) -> None:
-        """Committed tokens, in order (the lookup's context grows with them)."""
+        """Committed tokens, in order (the lookup's and the copy's context grow with them)."""
         if self.lookup is not None:
             self.lookup.extend(tokens)
+        if self.copy is not None:
+            self.copy.extend(tokens)
 
     def _looked_up(self, size: int) -> tuple[int, list[int]]:
         """The lookup's proposal of up to size - 1 tokens and its match's length ((0, [])
@@ -422,6 +472,11 @@ class DraftProposer:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
+        if self.copy is not None and self.branches is None and size > 1:
+            verify_in, self.took_repeat = copied_proposal(
+                staged, self.draft_logits(staged, size), self.output_head, self.copy,
+                self.copy_odds, self.min_confidence, self.verify_lengths, found)
+            return verify_in
         if found:
             verify_in, self.took_repeat = choose_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, found,

@@ -43,6 +43,14 @@ class DraftHead:
         """Indices into this head's logits -> token ids."""
         return index if self.ids is None else self.ids[index]
 
+    def host_index(self, token: int) -> int:
+        """A token id's index into this head's logits; -1 outside the subset."""
+        if self.ids is None:
+            return token
+        if not self._index:
+            self._index = {t: i for i, t in enumerate(self.ids.tolist())}
+        return self._index.get(token, -1)
+
     def index_of(self, tokens: Sequence[int]) -> tuple[mx.array, mx.array]:
         """Token ids -> (their indices into this head's logits, whether the head has them);
         a token outside the subset gets index 0 and False."""

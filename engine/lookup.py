@@ -78,3 +78,40 @@ class SuffixLookup:
             source = end + 1 + i
             out.append(self.tokens[source] if source < len(self.tokens) else out[i - period])
         return length, out
+
+
+COPY_LONGEST = 4  # the longest n-gram a copy candidate is matched on
+
+
+@dataclass
+class ContextCopy:
+    """Within a draft's block: the token that followed, earlier in the context, the longest
+    n-gram (up to COPY_LONGEST tokens) that the context plus the block's tokens so far end
+    with. The draft predicts a block's slots at once, so a word or identifier it has started
+    it often cannot finish; the context often can (`cycle.copied_proposal`)."""
+
+    tokens: list[int] = field(default_factory=list)
+    # n-gram -> the latest two places it ended
+    _ends: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            self.tokens.append(int(token))
+            end = len(self.tokens) - 1
+            for n in range(1, min(COPY_LONGEST, end + 1) + 1):
+                key = tuple(self.tokens[end - n + 1:])
+                self._ends[key] = (end, self._ends.get(key, (-1, -1))[0])
+
+    def candidate(self, block: list[int]) -> int:
+        """The token that followed the longest earlier n-gram the context + `block` ends
+        with (the context's own end excluded: nothing followed it yet); -1 when none."""
+        return self.match(block)[1]
+
+    def match(self, block: list[int]) -> tuple[int, int]:
+        """-> (n, `candidate`): the n-gram's length with it; (0, -1) when none."""
+        tail = self.tokens[-COPY_LONGEST:] + block
+        for n in range(min(COPY_LONGEST, len(tail)), 0, -1):
+            for end in self._ends.get(tuple(tail[-n:]), ()):
+                if 0 <= end < len(self.tokens) - 1:
+                    return n, self.tokens[end + 1]
+        return 0, -1

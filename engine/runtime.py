@@ -26,7 +26,7 @@ from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
-from .lookup import SuffixLookup
+from .lookup import ContextCopy, SuffixLookup
 from .pipeline import pipeline_applies, pipelined_decode
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
@@ -76,6 +76,10 @@ class DFlashRuntime:
                          and pipeline_applies(self.target, draft,
                                               [*self.target.make_cache(), *draft.make_cache()],
                                               self.min_confidence))
+        # Greedy one-row draft proposals finished from the context: not trees, not pipelined,
+        # and not sharded (each rank would read its own draft's rounding, as with the cut)
+        self.copy_odds = (self.config.copy_odds
+                          if not (self.branches or self.pipeline or lockstep is not None) else None)
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
                                     if lockstep is None else 0)
@@ -189,6 +193,7 @@ class DFlashRuntime:
             "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
+            "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -258,9 +263,14 @@ class DFlashRuntime:
         if self.config.lookup_min_match is not None:
             lookup = SuffixLookup(self.config.lookup_min_match)
             lookup.extend(context)
+        copy = None
+        if self.copy_odds is not None:
+            copy = ContextCopy()
+            copy.extend(context)
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
-                             prefetching=self.prefetch_draft, branches=self.branches)
+                             prefetching=self.prefetch_draft, branches=self.branches,
+                             copy=copy, copy_odds=self.copy_odds or 0.0)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

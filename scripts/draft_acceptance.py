@@ -65,15 +65,20 @@ def main(argv: list[str] | None = None) -> int:
                         "engine); 'off': the draft proposes every cycle")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify proposal trees, as the engine's --branches (default off)")
+    p.add_argument("--copy-odds", type=float, default=None,
+                   help="finish the draft's proposals from the context at these odds, as the "
+                        "engine's --copy-odds (default off)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
-                          lookup_min_match=args.lookup, branches=args.branches)
+                          lookup_min_match=args.lookup, branches=args.branches,
+                          copy_odds=args.copy_odds)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup,
               "branches": list(args.branches) if args.branches else None,
+              "copy_odds": args.copy_odds,
               "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
