@@ -22,13 +22,16 @@ verify would hold.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
-from choice_study import reply_blocks, study_sets, whole_block_runtime  # on the path when run
+from choice_study import (  # on the path when run
+    reply_blocks,
+    study_parser,
+    study_sets,
+    whole_block_runtime,
+    write_study,
+)
 
 from engine.train.objective import walk_cycles
 
@@ -103,15 +106,7 @@ def pooled(replies: list[list[dict]], run) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--draft", required=True, help="draft folder")
-    p.add_argument("--limit", type=int, default=8,
-                   help="N prompts of each suite, spread over its categories")
-    p.add_argument("--heldout", help="also these answers (a Dataset .npz)")
-    p.add_argument("--heldout-limit", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--json", help="write the study here")
-    args = p.parse_args(argv)
+    args = study_parser(__doc__).parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)
     sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
                       args.heldout_limit)
@@ -125,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         result["sets"][name] = found
         print(f"{name:9s} ({len(replies)} replies)  " + "  ".join(
             f"{k} {v:.2f}" for k, v in found.items()), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_study(args.json, result)
     return 0
 
 

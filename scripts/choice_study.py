@@ -73,6 +73,27 @@ def whole_block_runtime(folder: str) -> tuple:
     return draft, DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
 
 
+def study_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of the studies that simulate the suites' replies (and optional held-out
+    answers) with one draft."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--draft", required=True, help="draft folder")
+    p.add_argument("--limit", type=int, default=8,
+                   help="N prompts of each suite, spread over its categories")
+    p.add_argument("--heldout", help="also these answers (a Dataset .npz)")
+    p.add_argument("--heldout-limit", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--json", help="write the study here")
+    return p
+
+
+def write_study(path: str | None, result: dict) -> None:
+    """The study's JSON at `path` (its folder made), where one is given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def study_sets(draft, rt, rows_of, limit: int, max_tokens: int, heldout: str | None = None,
                heldout_limit: int = 0) -> dict[str, list[list[dict]]]:
     """Set name -> per reply, `rows_of(draft, target, tokens, prompt_len)`: the held-out

@@ -22,28 +22,22 @@ choice is left out: real decodes measure the whole (scripts/draft_acceptance.py)
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
+import branch_study  # on the path when run, as choice_study
 import numpy as np
-from choice_study import reply_blocks, study_sets, whole_block_runtime  # on the path when run
+from choice_study import (
+    reply_blocks,
+    study_parser,
+    study_sets,
+    whole_block_runtime,
+    write_study,
+)
 
 from engine.lookup import MIN_MATCH, ContextCopy, SuffixLookup
-from engine.train.objective import walk_cycles
 
 ALPHAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
 MATCHES = (1, 2, 3)
-
-
-def run_of(row: list[int], future: list[int]) -> int:
-    n = 0
-    for drafted, true in zip(row, future):
-        if drafted != true:
-            break
-        n += 1
-    return n
 
 
 def copy_row(index: ContextCopy, top1: np.ndarray, probs: np.ndarray, alpha: float,
@@ -116,33 +110,21 @@ def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
                     proposal = copy_row(index, top1[j], probs[j], 0.0, n, future)
                 else:
                     proposal = copy_row(index, top1[j], probs[j], alpha, n)
-                row[name] = run_of(proposal, future)
+                row[name] = branch_study.run_of(proposal, future)
             length, repeat = lookup.propose(B - 1)
-            row["lookup"] = run_of(repeat, future) if length >= MIN_MATCH else None
+            row["lookup"] = branch_study.run_of(repeat, future) if length >= MIN_MATCH else None
             rows.append(row)
     return rows
 
 
 def pooled(replies: list[list[dict]], name: str, with_lookup: bool) -> float:
-    tokens = cycles = 0
-    for rows in replies:
-        runs = [r["lookup"] if with_lookup and r["lookup"] is not None else r[name]
-                for r in rows]
-        walked = walk_cycles(runs, len(rows) + 1)
-        tokens, cycles = tokens + sum(walked), cycles + len(walked)
-    return tokens / cycles if cycles else float("nan")
+    """Tokens/cycle of rule `name`'s walks, the lookup's run first where it proposes."""
+    return branch_study.pooled(replies, lambda r: (
+        r["lookup"] if with_lookup and r["lookup"] is not None else r[name]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--draft", required=True, help="draft folder")
-    p.add_argument("--limit", type=int, default=8,
-                   help="N prompts of each suite, spread over its categories")
-    p.add_argument("--heldout", help="also these answers (a Dataset .npz)")
-    p.add_argument("--heldout-limit", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--json", help="write the study here")
-    args = p.parse_args(argv)
+    args = study_parser(__doc__).parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)
     sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
                       args.heldout_limit)
@@ -158,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{set_name:9s} ({len(replies)} replies) draft {found['draft']:.2f} "
               f"lookup+draft {found['lookup+draft']:.2f}  best: "
               + "  ".join(f"{k} {v:.2f}" for k, v in best), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_study(args.json, result)
     return 0
 
 
