@@ -354,16 +354,18 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
 
 
 def _auto_off_or(text: str, parse: Callable[[str], Any], valid: Callable[[Any], bool],
-                 expected: str) -> Any:
-    """'auto' -> 'auto', 'off' -> None, else parse(text) if valid: the shape of the flags below."""
-    if text in ("auto", "off"):
+                 expected: str, auto: bool = True) -> Any:
+    """'auto' -> 'auto' (where `auto`), 'off' -> None, else parse(text) if valid: the shape of
+    the flags below."""
+    if text == "off" or (auto and text == "auto"):
         return None if text == "off" else text
     try:
         value = parse(text)
     except ValueError:
         value = None
     if value is None or not valid(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: give {expected}, 'auto' or 'off'")
+        choices = "'auto' or 'off'" if auto else "or 'off'"
+        raise argparse.ArgumentTypeError(f"{text!r}: give {expected}, {choices}")
     return value
 
 
@@ -390,15 +392,8 @@ def _count_or_off(text: str, least: int, what: str) -> int | None:
 
 def copy_odds_arg(text: str) -> float | None:
     """argparse type for --copy-odds: odds in (0, 1], or 'off'."""
-    if text == "off":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give odds in (0, 1], e.g. 0.1, or 'off'")
-    return value
+    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "odds in (0, 1], e.g. 0.1",
+                        auto=False)
 
 
 def lookup_arg(text: str) -> int | None:

@@ -56,9 +56,7 @@ class DraftHead:
         a token outside the subset gets index 0 and False."""
         if self.ids is None:
             return mx.array(tokens, dtype=mx.int32), mx.ones(len(tokens), dtype=mx.bool_)
-        if not self._index:
-            self._index = {t: i for i, t in enumerate(self.ids.tolist())}
-        rows = [self._index.get(t, -1) for t in tokens]
+        rows = [self.host_index(t) for t in tokens]
         return (mx.array([max(r, 0) for r in rows], dtype=mx.int32),
                 mx.array([r >= 0 for r in rows], dtype=mx.bool_))
 
