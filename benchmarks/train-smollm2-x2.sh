@@ -75,11 +75,13 @@
 #            AB_VARIANTS=b AB_GPU_B=0 AB_S=300 LR=6e-5 DATA_WEIGHTS="*/gen-24-*=1,*=0.4"
 #            B_ARGS="--repeat-weight 0.3" (not shipped: the suites level, the seventh
 #            training change in a row). Staging nine parts took ten calls of ~5 s each.
-#   next: seven loss and data changes in a row left the suites level; the draft's
-#            training compute per session (~7 minutes) is the bound. Measure what a longer
-#            run at a higher lr from stage 16 does (PART=train SOLO=1 LR=1.5e-4 TRAIN_S=540
-#            on a fresh slice) before another objective change, and give run-gpu.sh's
-#            PART=verify-pieces its turn (issue 13).
+#   stage 25 (one H200): the GGUF, train_prompts and gen-24-0.npz staged; SOLO=1 PART=train
+#            LR=1.5e-4 TRAIN_S=470 PROFILE=0 DATA_WEIGHTS="*/gen-24-*=1,*=0.4" (not shipped:
+#            held-out 4.13 -> 4.00, the higher peak lr knocked stage 16 off in the warm-up),
+#            then run-gpu.sh's PART=goals and PART=verify-pieces (issue 13)
+#   next: lr 1.5e-4 over one slice lost ground; lr 6e-5 levelled. Stage a fresh slice (PART=gen
+#            GEN_S~300) beside gen-24-0 before training again, so that an epoch is not a
+#            third of stage 16's, or spend the minutes on issue 13.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
