@@ -140,8 +140,8 @@ def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: Contex
             return mx.array([[staged, *repeat[:n]]], dtype=mx.int32), True
     n = size
     if min_confidence is not None:
-        run = next((j for j, p in enumerate(chosen) if p < min_confidence), len(chosen))
-        n = padded(min(run + 2, size), size, lengths)
+        with mx.stream(mx.cpu):  # host values: no device round trip for the count
+            n = cut_length(mx.array(chosen, dtype=mx.float32), min_confidence, size, lengths)
     return mx.array([[staged, *row][:n]], dtype=mx.int32), False
 
 
@@ -257,8 +257,15 @@ def verify_length(logits: mx.array, min_confidence: float | None, size: int,
     the verify's shape depends on it), `padded` by `lengths`."""
     if min_confidence is None:
         return size
-    cut = min(int(confident_run(top_probability(logits), min_confidence)) + 2, size)
-    return padded(cut, size, lengths)
+    return cut_length(top_probability(logits), min_confidence, size, lengths)
+
+
+def cut_length(probs: mx.array, min_confidence: float, size: int,
+               lengths: Sequence[int] = ()) -> int:
+    """The verify cut for a proposal whose drafts the draft gives `probs` [size - 1]: the
+    staged token and the drafts up to and including the first below `min_confidence`,
+    `padded` by `lengths`."""
+    return padded(min(int(confident_run(probs, min_confidence)) + 2, size), size, lengths)
 
 
 def padded(n: int, size: int, lengths: Sequence[int]) -> int:

@@ -34,7 +34,7 @@ from engine.bench.metrics import (
     repeated_ngram_share,
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
-from engine.config import DFlashConfig, branches_arg, lookup_arg
+from engine.config import DFlashConfig, branches_arg, copy_odds_arg, lookup_arg
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                         "engine); 'off': the draft proposes every cycle")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify proposal trees, as the engine's --branches (default off)")
-    p.add_argument("--copy-odds", type=float, default=None,
+    p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
                    help="finish the draft's proposals from the context at these odds, as the "
                         "engine's --copy-odds (default off)")
     p.add_argument("--json", help="write the report here")
