@@ -450,9 +450,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
     if cfg.init:
-        from ..loading import load_draft_folder
+        from ..loading import dequantize_floats, load_draft_folder
 
         draft = load_draft_folder(Path(cfg.init), mx.float32)
+        dequantize_floats(draft, mx.float32)  # a draft stored 8-bit trains as floats
         mask_id = draft.args.mask_token_id
         say(f"initialised from {cfg.init}")
         if cfg.depth > draft.args.num_hidden_layers:
