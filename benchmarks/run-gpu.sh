@@ -49,6 +49,10 @@
 #                oracle proposes one row) and the suites in SUITES (default mt-bench),
 #                -<variant> in the file names. All may not fit one 10-minute call: split
 #                VARIANTS over calls on one machine (KERNELS=0 after the first)
+#   PART=synthetic the synthetic Qwen3.5-9B in bf16 alone (REPEAT pairs, SUFFIX; e.g.
+#                DFLASH_MERGE_PROJECTIONS=0 SUFFIX=-separate for the A/B of the verify's merged
+#                input projections, engine/targets/merged.py)
+#   PART=oracle  the oracle rows at 8 and 4 tokens/cycle alone (DRAFT, ARGS, SUFFIX)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -120,9 +124,10 @@ goals)  # issue 13's goals at the engine's defaults, into the files the issue na
   oracle_rows; LIMIT=${LIMIT:-6} rows
   synthetic_bf16 ;;
 pieces)  # issue 13: what a verify pays beyond a plain step, piece by piece (the stage-21
-  # session gave it 120 s on a fresh machine and it printed nothing: kernels build first)
-  MLX_CUDA_USE_CUDNN_SDPA=0 step 300 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
-    --precisions checkpoint --out "$OUT/gpu-pieces-h200.json" ;;
+  # session gave it 120 s on a fresh machine and it printed nothing: kernels build first; in
+  # the stage-26 session loading alone took 123 s of the default 100 s budget)
+  MLX_CUDA_USE_CUDNN_SDPA=0 step 420 python3 scripts/gpu_cycle_probe.py --parts forward,pieces \
+    --precisions checkpoint --budget 360 --out "$OUT/gpu-pieces-h200.json" ;;
 rollback)  # issue 13: the fused rollback kernel checked bitwise (scripts/gpu_checks.py), then
   # the synthetic 9B in bf16 without it and with it (the default); ~8 minutes. The stage-24
   # session's run (benchmarks/stage24/) came before it was the default: its first synthetic
@@ -141,6 +146,10 @@ attention)  # issue 13: a verify block's attention in one kernel instead of MLX'
 sources)  # issue 12: which prompt sources the draft predicts worst
   drafts=(--draft "$DRAFT"); [[ -n ${DRAFT_B:-} ]] && drafts+=(--draft "$DRAFT_B")
   TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
+synthetic)  # issue 13's 9B goal alone
+  synthetic_bf16 ;;
+oracle)  # issue 13's oracle goals alone
+  oracle_rows ;;
 gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
 overlap)  # issue 13: work queued before the host needs it, against the engine's defaults
@@ -178,7 +187,7 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|synthetic|oracle|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0

@@ -10,7 +10,8 @@ First the whole forwards after `--ctx` cached tokens (engine.bench.synthetic.for
 mlx-lm's 1- and 16-token forwards, the adapter's 16-token verify with its rollback tape).
 Then each piece of every layer at T = 1 and T = 16 new tokens, inputs made up at the layer's
 shapes: every layer's piece built first, then one evaluation (median ms, all layers together).
-GatedDeltaNet layers: the input projections, the causal conv, the q/k norms and gates, the
+GatedDeltaNet layers: the input projections (each, and as the verify merges them on a GPU:
+`gdn_in_proj_merged`), the causal conv, the q/k norms and gates, the
 recurrence as plain decoding runs it (mlx-lm's gated_delta_update) and as the verify runs it
 (the engine's kernel, tape recorded), the gated norm with the output projection. Attention
 layers: the projections, and the whole mixer over the cached keys through the engine's
@@ -60,8 +61,10 @@ def rand(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
     return (0.1 * mx.random.normal(shape)).astype(dtype)
 
 
-def linear_pieces(target: TargetAdapter, attn: nn.Module, x: mx.array) -> Pieces:
-    """A GatedDeltaNet mixer's pieces (mlx-lm's qwen3_5 layout) on x [1, T, H]."""
+def linear_pieces(target: TargetAdapter, index: int, attn: nn.Module, x: mx.array) -> Pieces:
+    """A GatedDeltaNet mixer's pieces (mlx-lm's qwen3_5 layout) on x [1, T, H]; with
+    `gdn_in_proj_merged` where the verify merges the layer's input projections (a GPU in half
+    precision: engine/targets/merged.py)."""
     T, dtype = x.shape[1], x.dtype
     Hk, Hv, Dk, Dv = attn.num_k_heads, attn.num_v_heads, attn.head_k_dim, attn.head_v_dim
     conv_state = rand((1, attn.conv_kernel_size - 1, attn.conv_dim), dtype)
@@ -77,7 +80,12 @@ def linear_pieces(target: TargetAdapter, attn: nn.Module, x: mx.array) -> Pieces
         y, final, tape = target.kernels.verify(q, k, v, g, beta, state)
         return [y, final, *tape]
 
-    return {
+    merged = getattr(target, "_projections", None)
+    if merged is not None:
+        merged = merged(index, attn, hasattr(attn, "in_proj_qkvz"))
+    pieces: Pieces = {} if merged is None or not hasattr(merged, "splits") else {
+        "gdn_in_proj_merged": lambda: merged(x)}
+    return pieces | {
         "gdn_in_proj_qkv": lambda: attn.in_proj_qkv(x),
         "gdn_in_proj_z": lambda: attn.in_proj_z(x),
         "gdn_in_proj_ba": lambda: [attn.in_proj_b(x), attn.in_proj_a(x)],
@@ -131,7 +139,7 @@ def pieces_at(target: TargetAdapter, cache: list[Any], T: int, iters: int) -> di
     by_name: dict[str, list[Callable[[], Any]]] = {}
     for i, layer in enumerate(layers):
         if layer.is_linear:
-            pieces = linear_pieces(target, layer.linear_attn, x)
+            pieces = linear_pieces(target, i, layer.linear_attn, x)
         else:
             pieces = attention_pieces(layer.self_attn, x, cache[i])
         pieces["norms"] = lambda layer=layer: [layer.input_layernorm(x),
@@ -183,7 +191,10 @@ def sum_as_run(row: dict, verify: bool) -> float:
     """The pieces a plain step (mlx-lm's recurrence and attention) or a verify (the engine's)
     runs, summed; the attention projections are inside the mixers."""
     engine_mixer = "attn_mixer_engine" in row
-    skip = {"attn_projections",
+    separate = {"gdn_in_proj_qkv", "gdn_in_proj_z", "gdn_in_proj_ba"}
+    projections = (separate if verify and "gdn_in_proj_merged" in row
+                   else {"gdn_in_proj_merged"})
+    skip = projections | {"attn_projections",
             "gdn_recurrence_mlx" if verify else "gdn_recurrence_verify",
             "attn_mixer_mlx" if verify and engine_mixer else "attn_mixer_engine"}
     return sum(v["ms"] for k, v in row.items() if k not in skip)

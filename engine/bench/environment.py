@@ -68,7 +68,7 @@ def blas_info() -> dict:
 
 
 SWITCHES = ("DFLASH_GPU_ATTENTION", "DFLASH_KERNELS", "DFLASH_CPU_KERNELS", "DFLASH_BLAS",
-            "DFLASH_FUSED_ROLLBACK")
+            "DFLASH_FUSED_ROLLBACK", "DFLASH_MERGE_PROJECTIONS")
 
 
 def switches() -> dict:

@@ -24,6 +24,7 @@ from ..kernels import GatedDeltaKernels, Tape, select
 from ..kernels.portable import conv_rows
 from .base import TargetAdapter, cache_arrays
 from .cpu_attention import attention_call
+from .merged import MergedProjection, merging_enabled
 
 
 @dataclass
@@ -59,6 +60,9 @@ class GatedDeltaAdapter(TargetAdapter):
         # On a CPU, full-attention layers through cpu_attention.py (same bits, faster softmax).
         self._attend = [None if layer.is_linear else attention_call(layer.self_attn)
                         for layer in self.layers]
+        # Per linear layer, its input projections as one matmul in verifies (merged.py),
+        # built at the layer's first verify; None where they cannot merge.
+        self._merged: dict[int, MergedProjection | None] = {}
 
     @classmethod
     def build(cls, model: nn.Module, enable_tape_replay: bool = True,
@@ -114,18 +118,16 @@ class GatedDeltaAdapter(TargetAdapter):
         if mask is not None:
             raise ValueError("verify forwards are batch-1 without padding masks")
         B, S, _ = x.shape
-        if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
-            q, k, v, z, b, a = attn.fix_query_key_value_ordering(
-                attn.in_proj_qkvz(x), attn.in_proj_ba(x)
-            )
+        qwen3_next = hasattr(attn, "in_proj_qkvz")
+        projections = self._projections(index, attn, qwen3_next)
+        if qwen3_next:
+            q, k, v, z, b, a = attn.fix_query_key_value_ordering(*projections(x))
             qkv = mx.concatenate(
                 [q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1
             )
         else:  # qwen3_5
-            qkv = attn.in_proj_qkv(x)
-            z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
-            b = attn.in_proj_b(x)
-            a = attn.in_proj_a(x)
+            qkv, z, b, a = projections(x)
+            z = z.reshape(B, S, attn.num_v_heads, attn.head_v_dim)
 
         n_keep = attn.conv_kernel_size - 1
         conv_state = cache[0]
@@ -159,6 +161,17 @@ class GatedDeltaAdapter(TargetAdapter):
         out = attn.out_proj(attn.norm(out, z).reshape(B, S, -1))
         group = getattr(attn, "sharding_group", None)  # sharded: this rank's heads only
         return out if group is None else mx.distributed.all_sum(out, group=group)
+
+    def _projections(self, index: int, attn: nn.Module, qwen3_next: bool):
+        """The layer's input projections as a function x -> their outputs in mlx-lm's order:
+        one merged matmul off the CPU (merged.py), each module on its own otherwise."""
+        modules = ([attn.in_proj_qkvz, attn.in_proj_ba] if qwen3_next else
+                   [attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a])
+        if index not in self._merged:
+            on = merging_enabled() and not self.on_cpu and self.lockstep is None
+            self._merged[index] = MergedProjection.of(modules) if on else None
+        merged = self._merged[index]
+        return merged if merged is not None else (lambda x: [m(x) for m in modules])
 
     def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
         """Keep the first `keep` of `verified` tokens: trim KV, rebuild linear states."""
