@@ -128,6 +128,8 @@ class TrainConfig:
     confidence_power: float = 0.0  # slot weights x the target's label probability ** this
     surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
     repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
+    prefix_share: float = 0.0  # blocks that show their first slots' tokens (show_prefixes)
+    max_prefix: int = 4  # at most this many shown slots
 
     @property
     def gamma(self) -> float:
@@ -538,7 +540,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
-                               mark_repeats=cfg.repeat_weight < 1)
+                               mark_repeats=cfg.repeat_weight < 1,
+                               prefix_share=cfg.prefix_share, max_prefix=cfg.max_prefix)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
@@ -789,6 +792,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight W (0..1; 1: off) for the slots whose token ends a 4-gram "
                         "already in the sequence: a decode's suffix lookup proposes most such "
                         "stretches, and they are over half of the target's own long answers")
+    p.add_argument("--prefix-share", type=_share, default=d.prefix_share, metavar="P",
+                   help="a share P (0: off) of the blocks show the true tokens of their first "
+                        "1..--max-prefix slots instead of the mask and take no loss there: "
+                        "a draft that sees the start of its block (a second pass over its "
+                        "confident first tokens) learns to finish a word it knows the start of")
+    p.add_argument("--max-prefix", type=_prefix_length, default=d.max_prefix, metavar="J",
+                   help="the most slots a --prefix-share block shows (1..8)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
@@ -808,6 +818,12 @@ def _number_in(low: float, high: float, wanted: str) -> Callable[[str], float]:
 
 
 _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
+
+
+def _prefix_length(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 8:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 8, e.g. 4")
+    return int(text)
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 _strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
 
