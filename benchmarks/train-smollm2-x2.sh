@@ -79,9 +79,13 @@
 #            LR=1.5e-4 TRAIN_S=470 PROFILE=0 DATA_WEIGHTS="*/gen-24-*=1,*=0.4" (not shipped:
 #            held-out 4.13 -> 4.00, the higher peak lr knocked stage 16 off in the warm-up),
 #            then run-gpu.sh's PART=goals and PART=verify-pieces (issue 13)
-#   next: lr 1.5e-4 over one slice lost ground; lr 6e-5 levelled. Stage a fresh slice (PART=gen
-#            GEN_S~300) beside gen-24-0 before training again, so that an epoch is not a
-#            third of stage 16's, or spend the minutes on issue 13.
+#   stage 26 (one H200, every minute on issue 13): no training on the device; the shipped
+#            draft is stored 8-bit since (INIT dequantizes it), and a CPU trial of
+#            --prefix-share (the model card's stage 26) learned to use a shown block start
+#   next: lr 1.5e-4 over one slice lost ground; lr 6e-5 levelled. Stage gen-24-0 (and a fresh
+#            slice, PART=gen GEN_S~300), then SOLO=1 PART=train LR=6e-5 TRAIN_S=420 PROFILE=0
+#            TRAIN_ARGS="--prefix-share 0.5 --max-prefix 4" DATA_WEIGHTS="*/gen-*=1,*=0.4",
+#            and scripts/refine_study.py on its weights beside the shipped ones.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
