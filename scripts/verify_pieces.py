@@ -53,6 +53,7 @@ from engine.kernels import cuda_attention  # noqa: E402
 from engine.targets import adapter_for  # noqa: E402
 from engine.targets.base import TargetAdapter, cache_arrays  # noqa: E402
 from engine.targets.cpu_attention import attention_call  # noqa: E402
+from engine.targets.gated_delta import GatedDeltaAdapter  # noqa: E402
 
 Pieces = dict[str, Callable[[], Any]]
 
@@ -61,7 +62,8 @@ def rand(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
     return (0.1 * mx.random.normal(shape)).astype(dtype)
 
 
-def linear_pieces(target: TargetAdapter, index: int, attn: nn.Module, x: mx.array) -> Pieces:
+def linear_pieces(target: GatedDeltaAdapter, index: int, attn: nn.Module,
+                  x: mx.array) -> Pieces:
     """A GatedDeltaNet mixer's pieces (mlx-lm's qwen3_5 layout) on x [1, T, H]; with
     `gdn_in_proj_merged` where the verify merges the layer's input projections (a GPU in half
     precision: engine/targets/merged.py)."""
@@ -80,11 +82,8 @@ def linear_pieces(target: TargetAdapter, index: int, attn: nn.Module, x: mx.arra
         y, final, tape = target.kernels.verify(q, k, v, g, beta, state)
         return [y, final, *tape]
 
-    merged = getattr(target, "_projections", None)
-    if merged is not None:
-        merged = merged(index, attn, hasattr(attn, "in_proj_qkvz"))
-    pieces: Pieces = {} if merged is None or not hasattr(merged, "splits") else {
-        "gdn_in_proj_merged": lambda: merged(x)}
+    merged = target.merged_projection(index)
+    pieces: Pieces = {} if merged is None else {"gdn_in_proj_merged": lambda: merged(x)}
     return pieces | {
         "gdn_in_proj_qkv": lambda: attn.in_proj_qkv(x),
         "gdn_in_proj_z": lambda: attn.in_proj_z(x),

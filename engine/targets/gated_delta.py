@@ -38,6 +38,13 @@ class _LinearRecord:
     inputs: tuple[mx.array, ...] | None  # (q, k, v, g, beta) for the re-run path
 
 
+def input_projections(attn: nn.Module) -> list[nn.Module]:
+    """A GatedDeltaNet mixer's input projections, in the order mlx-lm applies them."""
+    if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
+        return [attn.in_proj_qkvz, attn.in_proj_ba]
+    return [attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a]
+
+
 class GatedDeltaAdapter(TargetAdapter):
     family = "gated_delta"
     model_types = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -118,15 +125,15 @@ class GatedDeltaAdapter(TargetAdapter):
         if mask is not None:
             raise ValueError("verify forwards are batch-1 without padding masks")
         B, S, _ = x.shape
-        qwen3_next = hasattr(attn, "in_proj_qkvz")
-        projections = self._projections(index, attn, qwen3_next)
-        if qwen3_next:
-            q, k, v, z, b, a = attn.fix_query_key_value_ordering(*projections(x))
+        merged = self.merged_projection(index)
+        projected = merged(x) if merged is not None else [m(x) for m in input_projections(attn)]
+        if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
+            q, k, v, z, b, a = attn.fix_query_key_value_ordering(*projected)
             qkv = mx.concatenate(
                 [q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1
             )
         else:  # qwen3_5
-            qkv, z, b, a = projections(x)
+            qkv, z, b, a = projected
             z = z.reshape(B, S, attn.num_v_heads, attn.head_v_dim)
 
         n_keep = attn.conv_kernel_size - 1
@@ -162,16 +169,14 @@ class GatedDeltaAdapter(TargetAdapter):
         group = getattr(attn, "sharding_group", None)  # sharded: this rank's heads only
         return out if group is None else mx.distributed.all_sum(out, group=group)
 
-    def _projections(self, index: int, attn: nn.Module, qwen3_next: bool):
-        """The layer's input projections as a function x -> their outputs in mlx-lm's order:
-        one merged matmul off the CPU (merged.py), each module on its own otherwise."""
-        modules = ([attn.in_proj_qkvz, attn.in_proj_ba] if qwen3_next else
-                   [attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a])
+    def merged_projection(self, index: int) -> MergedProjection | None:
+        """Linear layer `index`'s input projections as one matmul for its verifies, built at
+        the first call: off the CPU (merged.py); None where they stay separate."""
         if index not in self._merged:
             on = merging_enabled() and not self.on_cpu and self.lockstep is None
+            modules = input_projections(self.layers[index].linear_attn)
             self._merged[index] = MergedProjection.of(modules) if on else None
-        merged = self._merged[index]
-        return merged if merged is not None else (lambda x: [m(x) for m in modules])
+        return self._merged[index]
 
     def rollback(self, cache: list[Any], keep: int, verified: int) -> None:
         """Keep the first `keep` of `verified` tokens: trim KV, rebuild linear states."""

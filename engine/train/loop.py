@@ -804,11 +804,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _number_in(low: float, high: float, wanted: str) -> Callable[[str], float]:
-    """An argparse type for a number from `low` to `high`; `wanted` says what to give."""
+def _number_in(low: float, high: float, wanted: str,
+               kind: Callable[[str], float] = float) -> Callable[[str], float]:
+    """An argparse type for a number (`kind`: float, or int for whole ones) from `low` to
+    `high`; `wanted` says what to give."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = kind(text)
         except ValueError:
             value = low - 1
         if not low <= value <= high:
@@ -818,14 +820,9 @@ def _number_in(low: float, high: float, wanted: str) -> Callable[[str], float]:
 
 
 _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
-
-
-def _prefix_length(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 8:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 8, e.g. 4")
-    return int(text)
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 _strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
+_prefix_length = _number_in(1, 8, "a whole number from 1 to 8, e.g. 4", int)
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:
