@@ -82,6 +82,10 @@
 #   stage 26 (one H200, every minute on issue 13): no training on the device; the shipped
 #            draft is stored 8-bit since (INIT dequantizes it), and a CPU trial of
 #            --prefix-share (the model card's stage 26) learned to use a shown block start
+#   stage 27 (one H200): the GGUF and gen-24-0.npz staged; SOLO=1 PART=train LR=6e-5 TRAIN_S=900
+#            PAUSE=430 PROFILE=0 TRAIN_ARGS="--prefix-share 0.5 --max-prefix 4"
+#            DATA_WEIGHTS="*/gen-*=1,*=0.4" (paused at step 1,896; the PART=resume call
+#            found a fresh machine: keep the calls back to back; not shipped)
 #   next: lr 1.5e-4 over one slice lost ground; lr 6e-5 levelled. Stage gen-24-0 (and a fresh
 #            slice, PART=gen GEN_S~300), then SOLO=1 PART=train LR=6e-5 TRAIN_S=420 PROFILE=0
 #            TRAIN_ARGS="--prefix-share 0.5 --max-prefix 4" DATA_WEIGHTS="*/gen-*=1,*=0.4",
