@@ -95,6 +95,13 @@ class DFlashConfig:
     # gives it at least these odds of that token's probability. None: off. Lossless: the
     # target verifies every proposal.
     copy_odds: float | None = None
+    # A second draft pass per proposal (engine/cycle.py: refined_logits): the block again with
+    # the leading drafts the draft gives at least this probability in place of their masks,
+    # and the later slots predicted anew, seeing them. Drafts trained with --prefix-share
+    # have learnt to read a shown block start; others gain little. One more draft forward a
+    # cycle, queued on the device (no host sync of its own). None: one pass. Lossless: the
+    # target verifies every proposal.
+    refine: float | None = None
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -174,6 +181,12 @@ class DFlashConfig:
             raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
                               "token replaces the draft's where the draft gives it at least "
                               "that share of its top token's probability), or None (off)")
+        r = self.refine
+        if r is not None and (not isinstance(r, (int, float)) or isinstance(r, bool)
+                              or not 0 < r <= 1):
+            raise ConfigError(f"refine={r!r}: use a probability in (0, 1], e.g. 0.7 (the "
+                              "draft's leading drafts at least that sure are shown to a "
+                              "second pass), or None (one pass)")
         sv = self.stream_verify
         if sv != "auto" and sv is not None and (
                 not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
@@ -257,6 +270,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "token that followed the longest earlier n-gram the reply so far "
                         "ends with replaces the draft's where the draft gives it at least P "
                         "times its top token's probability (default off)")
+    p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
+                   help="a second draft pass: the leading drafts the draft gives at least "
+                        "probability P are shown to it in place of their masks and the rest "
+                        "drafted again (drafts trained with --prefix-share; default off)")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -349,7 +366,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
-                        copy_odds=args.copy_odds,
+                        copy_odds=args.copy_odds, refine=args.refine,
                         chat_template_args=args.chat_template_args, **more)
 
 
@@ -394,6 +411,12 @@ def copy_odds_arg(text: str) -> float | None:
     """argparse type for --copy-odds: odds in (0, 1], or 'off'."""
     return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "odds in (0, 1], e.g. 0.1",
                         auto=False)
+
+
+def refine_arg(text: str) -> float | None:
+    """argparse type for --refine: a probability in (0, 1], or 'off'."""
+    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "a probability in (0, 1], "
+                        "e.g. 0.7", auto=False)
 
 
 def lookup_arg(text: str) -> int | None:

@@ -188,20 +188,21 @@ def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
     return head(hidden)[:, 1:]
 
 
-def propose_sampled(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
-                    staged: int, size: int, sampler: Sampler,
-                    min_confidence: float | None = None, head: DraftHead | None = None,
-                    lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
-    """`propose` at temperature > 0: each draft is drawn from the draft's processed
-    distribution q at its position. -> (verify input [1, n + 1], q over the vocabulary
-    [n, V], zero outside the head's token subset)."""
-    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
-    if size == 1:
-        return block, mx.zeros((0, target.vocab_size))
-    head = head or DraftHead(target)
-    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
-    return draw_proposal(staged, logits, head.ids, target.vocab_size, sampler, min_confidence,
-                         lengths)
+def refined_logits(block: mx.array, logits: mx.array, head: DraftHead,
+                   run: Callable[[mx.array], mx.array], min_probability: float) -> mx.array:
+    """A second draft pass over a block [1, size] whose first pass gave `logits` [1, size - 1,
+    K]: the leading drafts the draft gives at least `min_probability` replace their mask
+    tokens, and `run` (block tokens -> the draft's hidden states, the same context) predicts
+    the block again. Those slots keep their first-pass logits, the later ones take the second
+    pass's: the draft sees how the block starts before it finishes a word. All on the device,
+    no host sync. Lossless: the target verifies every proposal."""
+    if logits.shape[1] == 0:  # a one-token verify: nothing drafted
+        return logits
+    keep = confident_run(top_probability(logits), min_probability)
+    kept = mx.arange(logits.shape[1]) < keep
+    drafted = head.token_ids(mx.argmax(logits[0], axis=-1)).astype(block.dtype)
+    shown = mx.concatenate([block[:, :1], mx.where(kept, drafted, block[0, 1:])[None]], axis=1)
+    return mx.where(kept[None, :, None], logits, draft_head_logits(head, run(shown)))
 
 
 def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
@@ -409,6 +410,9 @@ class DraftProposer:
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
     copy_odds: float = 0.1
+    # A second draft pass over each proposal's confident start (`refined_logits`), at this
+    # probability; None: one pass.
+    refine: float | None = None
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -455,8 +459,9 @@ class DraftProposer:
         self.append_context(taps)
         self._unsettled = taps.shape[1]
         block = self.staged_block(following, block_size)
-        hidden = self.draft(self.target.embed(block), self.cache, self._unsettled, accepted + 1)
-        self._prefetched = draft_head_logits(self.output_head, hidden)
+        self._prefetched = self.block_logits(
+            block, lambda embedded: self.draft(embedded, self.cache, self._unsettled,
+                                               accepted + 1))
         mx.async_eval(self._prefetched)
 
     def staged_block(self, staged: mx.array, size: int) -> mx.array:
@@ -519,12 +524,11 @@ class DraftProposer:
         if self.branches is not None and size > 1:
             return branch_rows(staged, self.draft_logits(staged, size), self.output_head,
                                *self.branches)
-        logits = self._take_prefetched(size)
-        if logits is None:
-            return propose(self.target, self.draft, self.cache, staged, size,
-                           self.min_confidence, self.head, self.verify_lengths)
-        return drafted_proposal(staged, logits, self.output_head, self.min_confidence,
-                                self.verify_lengths)
+        if size == 1:
+            self._prefetched = None
+            return mx.array([[staged]], dtype=mx.int32)
+        return drafted_proposal(staged, self.draft_logits(staged, size), self.output_head,
+                                self.min_confidence, self.verify_lengths)
 
     def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
                        size: int, repeats: Sequence[tuple[mx.array, mx.array]] = ()
@@ -536,8 +540,9 @@ class DraftProposer:
         match's choice needs the full head). -> (verify input [1, size], whether a repeat
         was taken)."""
         block = self.staged_block(staged, size)
-        hidden = self.draft.forward_at(self.target.embed(block), self.cache, position, visible)
-        logits = draft_head_logits(self.output_head, hidden)
+        logits = self.block_logits(
+            block, lambda embedded: self.draft.forward_at(embedded, self.cache, position,
+                                                          visible))
         tokens = self.output_head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)
         took: bool | mx.array = False
         if len(repeats) > 1 and self.output_head.ids is None:  # a short match: the draft picks
@@ -560,8 +565,12 @@ class DraftProposer:
     def draft_proposal_sampled(self, staged: int, size: int, sampler: Sampler
                                ) -> tuple[mx.array, mx.array]:
         """The draft forward's sampled proposal and q (`propose_sampled`)."""
-        return propose_sampled(self.target, self.draft, self.cache, staged, size, sampler,
-                               self.min_confidence, self.head, self.verify_lengths)
+        if size == 1:
+            self._prefetched = None
+            return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
+        return draw_proposal(staged, self.draft_logits(staged, size), self.output_head.ids,
+                             self.target.vocab_size, sampler, self.min_confidence,
+                             self.verify_lengths)
 
     @property
     def output_head(self) -> DraftHead:
@@ -575,7 +584,17 @@ class DraftProposer:
         if logits is not None:
             return logits
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        return draft_head_logits(self.output_head, self.draft(self.target.embed(block), self.cache))
+        return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache))
+
+    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
+        """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
+        (block embeddings -> hidden states) takes through the draft; with `refine`, after the
+        second pass (`refined_logits`)."""
+        logits = draft_head_logits(self.output_head, run(self.target.embed(block)))
+        if self.refine is None:
+            return logits
+        return refined_logits(block, logits, self.output_head,
+                              lambda shown: run(self.target.embed(shown)), self.refine)
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

@@ -194,6 +194,7 @@ class DFlashRuntime:
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
+            "refine": self.config.refine,  # a second draft pass over a confident start
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -270,7 +271,8 @@ class DFlashRuntime:
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, branches=self.branches,
-                             copy=copy, copy_odds=self.copy_odds or 0.0)
+                             copy=copy, copy_odds=self.copy_odds or 0.0,
+                             refine=self.config.refine)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

@@ -34,7 +34,7 @@ from engine.bench.metrics import (
     repeated_ngram_share,
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
-from engine.config import DFlashConfig, branches_arg, copy_odds_arg, lookup_arg
+from engine.config import DFlashConfig, branches_arg, copy_odds_arg, lookup_arg, refine_arg
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
@@ -68,17 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
                    help="finish the draft's proposals from the context at these odds, as the "
                         "engine's --copy-odds (default off)")
+    p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
+                   help="a second draft pass over the drafts the draft gives at least P "
+                        "(the engine's option; default off)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
                           lookup_min_match=args.lookup, branches=args.branches,
-                          copy_odds=args.copy_odds)
+                          copy_odds=args.copy_odds, refine=args.refine)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup,
               "branches": list(args.branches) if args.branches else None,
-              "copy_odds": args.copy_odds,
+              "copy_odds": args.copy_odds, "refine": args.refine,
               "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:
