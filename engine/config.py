@@ -176,14 +176,12 @@ class DFlashConfig:
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
         co = self.copy_odds
-        if co is not None and (not isinstance(co, (int, float)) or isinstance(co, bool)
-                               or not 0 < co <= 1):
+        if co is not None and not in_unit_interval(co):
             raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
                               "token replaces the draft's where the draft gives it at least "
                               "that share of its top token's probability), or None (off)")
         r = self.refine
-        if r is not None and (not isinstance(r, (int, float)) or isinstance(r, bool)
-                              or not 0 < r <= 1):
+        if r is not None and not in_unit_interval(r):
             raise ConfigError(f"refine={r!r}: use a probability in (0, 1], e.g. 0.7 (the "
                               "draft's leading drafts at least that sure are shown to a "
                               "second pass), or None (one pass)")
@@ -227,6 +225,11 @@ class DFlashConfig:
         if self.draft_vocab == "auto":
             return CPU_DRAFT_VOCAB if backend == "cpu" else None
         return self.draft_vocab  # type: ignore[return-value]
+
+
+def in_unit_interval(value: Any) -> bool:
+    """Whether a setting is a number in (0, 1] (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
