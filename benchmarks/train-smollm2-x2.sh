@@ -86,10 +86,15 @@
 #            PAUSE=430 PROFILE=0 TRAIN_ARGS="--prefix-share 0.5 --max-prefix 4"
 #            DATA_WEIGHTS="*/gen-*=1,*=0.4" (paused at step 1,896; the PART=resume call
 #            found a fresh machine: keep the calls back to back; not shipped)
-#   next: lr 1.5e-4 over one slice lost ground; lr 6e-5 levelled. Stage gen-24-0 (and a fresh
-#            slice, PART=gen GEN_S~300), then SOLO=1 PART=train LR=6e-5 TRAIN_S=420 PROFILE=0
-#            TRAIN_ARGS="--prefix-share 0.5 --max-prefix 4" DATA_WEIGHTS="*/gen-*=1,*=0.4",
-#            and scripts/refine_study.py on its weights beside the shipped ones.
+#   stage 28 (one H200): the GGUF, gen-24-0.npz and draft27h.tar (stage 27's half-trained
+#            weights as scripts/unpack_draft.py makes them, tarred: config.json,
+#            model.safetensors, token_ranking.json, train-log.json) staged; SOLO=1 PART=train
+#            LR=6e-5 TRAIN_S=840 PAUSE=420 PROFILE=0 TRAIN_ARGS="--prefix-share 0.5
+#            --max-prefix 4" DATA_WEIGHTS="*/gen-*=1,*=0.4" INIT=/root/stash/files/draft27h.tar,
+#            then right after the same with PART=resume PAUSE=500 (4,014 steps; not shipped:
+#            held-out down, the suites level with the engine's --refine)
+#   next: the prefix objective has had its schedule; it levels the suites at best. Train for
+#            the first pass again (no --prefix-share) or spend the minutes on issue 13.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
