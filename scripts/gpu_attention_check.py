@@ -5,10 +5,12 @@
 (a) The kernel against attention computed in float32 from the same bf16/fp16 inputs, and
     MLX's own attention (its unfused fallback for these shapes) against the same reference:
     the kernel passes when its error is within MLX's own (plus a small tolerance). Cases:
-    the SmolLM2 and a Qwen3-8B head layout, 2..16 queries, causal or not, key lengths from
-    the block alone to a long history, keys read from a larger cache buffer (strided).
+    the SmolLM2 and a Qwen3-8B head layout, 2..16 queries, causal, unmasked or a pipelined
+    verify's boolean mask (the masked variant), key lengths from the block alone to a long
+    history, keys read from a larger cache buffer (strided).
 (b) Timing: 30 layers' attention at a 16-token verify's shape, the kernel against MLX's
-    (`timing`: SmolLM2 over a 300-token history), and across history lengths for both
+    (`timing`: SmolLM2 over a 300-token history; `timing_masked`: the same with a pipelined
+    verify's mask), and across history lengths for both
     layouts (`timing_by_keys`): the kernel walks the keys one at a time per warp, so where
     MLX's matmuls overtake it sets `cuda_attention.MAX_KEY_WORK`.
 Without CUDA the kernel parts say "skipped: no CUDA" and the harness checks MLX's attention
@@ -41,16 +43,35 @@ DTYPES = ("bfloat16", "float16")
 SLACK = 2e-3  # the kernel may exceed MLX's own error by this much (absolute)
 
 
-def reference(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+MASKS = ("causal", "none", "keys")  # "keys": a pipelined verify's boolean mask
+
+
+def key_mask(L: int, S: int) -> mx.array:
+    """A pipelined verify's mask [L, S]: a scattered share of the history's keys (rejected
+    positions hidden), then the block causally."""
+    history = mx.broadcast_to((mx.arange(S - L) % 3 != 1)[None], (L, S - L))
+    return mx.concatenate([history, mx.tril(mx.ones((L, L), dtype=mx.bool_))], axis=1)
+
+
+def mask_of(kind: str, L: int, S: int) -> str | mx.array | None:
+    """The mask argument of a MASKS kind for L queries over S keys."""
+    if kind == "keys":
+        return key_mask(L, S)
+    return "causal" if kind == "causal" else None
+
+
+def reference(q: mx.array, k: mx.array, v: mx.array, scale: float,
+              mask: str | mx.array | None) -> mx.array:
     """Attention in float32, GQA by repeating KV heads."""
     q, k, v = (x.astype(mx.float32) for x in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = mx.repeat(k, rep, axis=1), mx.repeat(v, rep, axis=1)
     scores = (q * scale) @ k.transpose(0, 1, 3, 2)
-    if causal:
-        L, S = q.shape[2], k.shape[2]
-        seen = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None]
-        scores = mx.where(seen, scores, -mx.inf)
+    L, S = q.shape[2], k.shape[2]
+    if isinstance(mask, str):
+        mask = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None]
+    if mask is not None:
+        scores = mx.where(mask, scores, -mx.inf)
     return mx.softmax(scores, axis=-1) @ v
 
 
@@ -77,24 +98,24 @@ def check_cases(kernel: bool) -> list[dict]:
         for dtype in DTYPES:
             for L in QUERIES:
                 for S in KEYS:
-                    for causal in (True, False):
+                    for kind in MASKS:
                         if S < L:
                             continue
                         q, k, v = inputs(hq, hkv, d, L, S, dtype, seed=L * 7 + S)
                         scale = d ** -0.5
-                        ref = reference(q, k, v, scale, causal)
-                        mask = "causal" if causal else None
+                        mask = mask_of(kind, L, S)
+                        ref = reference(q, k, v, scale, mask)
                         own = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
                                                                    mask=mask)
                         row: dict[str, Any] = {"case": f"{name}-{dtype}-L{L}-S{S}"
-                                               + ("-causal" if causal else ""),
+                                               + ("" if kind == "none" else f"-{kind}"),
                                                "mlx_err": err(own, ref)}
                         if kernel:
                             # beyond MAX_KEY_WORK the engine keeps MLX's attention (speed,
                             # not exactness): the kernel is still checked there
                             assert cuda_attention.applies(q, k, v, mask) or (
                                 cuda_attention.key_work(q, k) > cuda_attention.MAX_KEY_WORK)
-                            out = cuda_attention.block_attention(q, k, v, scale, causal)
+                            out = cuda_attention.routed(q, k, v, scale, mask)
                             row["kernel_err"] = err(out, ref)
                             row["pass"] = (out.shape == own.shape and out.dtype == own.dtype
                                            and row["kernel_err"] <= row["mlx_err"] + SLACK)
@@ -103,11 +124,12 @@ def check_cases(kernel: bool) -> list[dict]:
 
 
 def time_layers(kernel: bool, iters: int, layers: int = 30, hq: int = 9, hkv: int = 3,
-                d: int = 64, S: int = 316) -> dict:
+                d: int = 64, S: int = 316, kind: str = "causal") -> dict:
     """`layers` layers' attention at a 16-token verify over an (S - 16)-token history
-    (default: SmolLM2 after a 300-token history)."""
+    (default: SmolLM2 after a 300-token history), with the `kind` of mask (MASKS)."""
     q, k, v = inputs(hq, hkv, d, 16, S, "bfloat16", seed=0)
     scale = d ** -0.5
+    mask = mask_of(kind, 16, S)
 
     def run(fn) -> float:
         times = []
@@ -118,9 +140,9 @@ def time_layers(kernel: bool, iters: int, layers: int = 30, hq: int = 9, hkv: in
         return statistics.median(times[2:]) * 1e3
 
     out = {"mlx_ms": run(lambda: mx.fast.scaled_dot_product_attention(
-        q, k, v, scale=scale, mask="causal"))}
+        q, k, v, scale=scale, mask=mask))}
     if kernel:
-        out["kernel_ms"] = run(lambda: cuda_attention.block_attention(q, k, v, scale, True))
+        out["kernel_ms"] = run(lambda: cuda_attention.routed(q, k, v, scale, mask))
         out["speedup"] = out["mlx_ms"] / out["kernel_ms"]
     return out
 
@@ -149,6 +171,8 @@ def run_checks(iters: int) -> dict:
         report["harness_self_test"] = {"cases": len(cases),
                                        "mlx_err_max": max(c["mlx_err"] for c in cases)}
     report["timing"] = time_layers(cuda, iters if cuda else 3)
+    # a pipelined verify's (engine/pipeline.py): the masked variant against MLX's masked path
+    report["timing_masked"] = time_layers(cuda, iters if cuda else 3, kind="keys")
     report["timing_by_keys"] = sweep_keys(iters) if cuda else "skipped: no CUDA"
     return report
 

@@ -79,8 +79,7 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
 def cuda_scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """The same on CUDA, through cuda_attention's block kernel where it applies (a verify)."""
     if not hasattr(cache, "bits") and cuda_attention.applies(queries, keys, values, mask, sinks):
-        return cuda_attention.block_attention(queries, keys, values, scale,
-                                              causal=mask is not None)
+        return cuda_attention.routed(queries, keys, values, scale, mask)
     return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale,
                                              mask=mask, sinks=sinks)
 
