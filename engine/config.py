@@ -391,7 +391,7 @@ def _auto_off_or(text: str, parse: Callable[[str], Any], valid: Callable[[Any], 
 
 def confidence_arg(text: str) -> float | str | None:
     """argparse type for --min-confidence: a probability, 'auto' or 'off'."""
-    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "a probability in (0, 1]")
+    return _auto_off_or(text, float, in_unit_interval, "a probability in (0, 1]")
 
 
 def vocab_arg(text: str) -> int | str | None:
@@ -412,14 +412,13 @@ def _count_or_off(text: str, least: int, what: str) -> int | None:
 
 def copy_odds_arg(text: str) -> float | None:
     """argparse type for --copy-odds: odds in (0, 1], or 'off'."""
-    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "odds in (0, 1], e.g. 0.1",
-                        auto=False)
+    return _auto_off_or(text, float, in_unit_interval, "odds in (0, 1], e.g. 0.1", auto=False)
 
 
 def refine_arg(text: str) -> float | None:
     """argparse type for --refine: a probability in (0, 1], or 'off'."""
-    return _auto_off_or(text, float, lambda v: 0.0 < v <= 1.0, "a probability in (0, 1], "
-                        "e.g. 0.7", auto=False)
+    return _auto_off_or(text, float, in_unit_interval, "a probability in (0, 1], e.g. 0.7",
+                        auto=False)
 
 
 def lookup_arg(text: str) -> int | None:

@@ -105,8 +105,8 @@ def test_a_kernel_that_does_not_compile_here_falls_back_to_mlx(pretend_cuda, cap
 
 def test_a_kernel_with_wrong_results_is_turned_off(pretend_cuda, capsys):
     pretend_cuda.setattr(cuda_attention, "block_attention",
-                         lambda q, k, v, scale, causal: mlx_block_attention(q, k, v, scale,
-                                                                            causal) + 0.1)
+                         lambda q, k, v, scale, causal, mask=None: mlx_block_attention(
+                             q, k, v, scale, causal, mask) + 0.1)
     assert "off by" in cuda_attention.check()
     assert not cuda_attention.enabled()
     pretend_cuda.setenv(cuda_attention.MODE_ENV, "mlx")

@@ -259,8 +259,7 @@ def _checked(mask: mx.array | None) -> str | None:
         for dtype in (mx.bfloat16, mx.float16):
             q, k, v = (mx.random.normal((1, 4, n, 64), key=key).astype(dtype)
                        for key, n in zip(keys, (3, 40, 40)))
-            got = (block_attention(q, k, v, 0.125, causal=False) if rows is None
-                   else block_attention(q, k, v, 0.125, causal=False, mask=rows))
+            got = block_attention(q, k, v, 0.125, causal=False, mask=rows)
             # the reference reads the same rounded inputs, in float32
             want = mx.fast.scaled_dot_product_attention(
                 *(x.astype(mx.float32) for x in (q, k, v)), scale=0.125, mask=rows)
