@@ -18,7 +18,7 @@ import numpy as np
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
-from .lookup import ContextCopy, SuffixLookup
+from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
@@ -413,6 +413,9 @@ class DraftProposer:
     # A second draft pass over each proposal's confident start (`refined_logits`), at this
     # probability; None: one pass.
     refine: float | None = None
+    # A long match's repeat may fill a verify of up to this many tokens, past the block
+    # (`spanned`); None: the block's size.
+    lookup_span: int | None = None
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -478,12 +481,25 @@ class DraftProposer:
             for c in self.cache:
                 c.trim(drop)
 
-    def propose(self, staged: int, size: int, position: int) -> mx.array:
+    def spanned(self, found: list[int], length: int, room: int | None) -> list[int]:
+        """A long match's repeat `found`, continued to fill a verify of up to `lookup_span`
+        tokens (no more than `room`, the tokens the reply has left) where the match is at
+        least SPAN_MATCH long: a repeat that long is usually a loop, which runs on past any
+        block, and a longer verify costs less than the cycles it saves."""
+        span = min(self.lookup_span or 0, room if room is not None else 0)
+        if length < SPAN_MATCH or span <= len(found) + 1 or self.lookup is None:
+            return found
+        return self.lookup.propose(span - 1)[1]
+
+    def propose(self, staged: int, size: int, position: int, room: int | None = None
+                ) -> mx.array:
+        """The verify input [1, <= size] (longer only for a long match's repeat, up to
+        `room` tokens: `spanned`)."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
-            return mx.array([[staged] + found])
+            return mx.array([[staged] + self.spanned(found, length, room)])
         if self.copy is not None and self.branches is None and size > 1:
             verify_in, self.took_repeat = copied_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
@@ -501,13 +517,14 @@ class DraftProposer:
         """The match length from which the lookup proposes without a draft forward."""
         return self.lookup.min_match if self.lookup is not None else 0
 
-    def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler
-                        ) -> tuple[mx.array, mx.array]:
+    def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler,
+                        room: int | None = None) -> tuple[mx.array, mx.array]:
         """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
         A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
         a token is kept with the target's probability of it, else redrawn without it."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
+            found = self.spanned(found, length, room)
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if found:
@@ -622,10 +639,11 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
         size = min(block_size, max_tokens - emitted)
         clock = PhaseClock(sync_phases)
+        room = max_tokens - emitted
         if sampler is None:
-            verify_in = proposer.propose(staged, size, position)
+            verify_in = proposer.propose(staged, size, position, room=room)
         else:
-            verify_in, q = proposer.propose_sampled(staged, size, position, sampler)
+            verify_in, q = proposer.propose_sampled(staged, size, position, sampler, room=room)
         (verify_in,) = target.agree(verify_in)  # sharded: rank 0's drafts for every rank
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)

@@ -34,7 +34,14 @@ from engine.bench.metrics import (
     repeated_ngram_share,
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
-from engine.config import DFlashConfig, branches_arg, copy_odds_arg, lookup_arg, refine_arg
+from engine.config import (
+    DFlashConfig,
+    branches_arg,
+    copy_odds_arg,
+    lookup_arg,
+    lookup_span_arg,
+    refine_arg,
+)
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
@@ -63,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup", type=lookup_arg, default=MIN_MATCH, metavar="N|off",
                    help=f"the suffix lookup's minimum match (default {MIN_MATCH}, as the "
                         "engine); 'off': the draft proposes every cycle")
+    p.add_argument("--lookup-span", type=lookup_span_arg, default=None, metavar="N|off",
+                   help="a long match's repeat fills a verify of up to N tokens, as the "
+                        "engine's --lookup-span (default off)")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify proposal trees, as the engine's --branches (default off)")
     p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
@@ -74,12 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
-                          lookup_min_match=args.lookup, branches=args.branches,
+                          lookup_min_match=args.lookup, lookup_span=args.lookup_span,
+                          branches=args.branches,
                           copy_odds=args.copy_odds, refine=args.refine)
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
-              "lookup_min_match": args.lookup,
+              "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,
               "branches": list(args.branches) if args.branches else None,
               "copy_odds": args.copy_odds, "refine": args.refine,
               "machine": machine_info(),

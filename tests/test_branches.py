@@ -68,7 +68,7 @@ def test_accept_rows_keeps_the_row_that_runs_furthest():
 class TreeOracle(TruthOracle):
     """Two rows: every draft wrong first, the target's own continuation second."""
 
-    def propose(self, staged, size, position):
+    def propose(self, staged, size, position, room=None):
         right = list(self.truth[position + 1: position + size])
         right += [0] * (size - 1 - len(right))
         wrong = [(t + 1) % 50 for t in right]
