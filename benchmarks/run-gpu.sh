@@ -42,7 +42,9 @@
 #                of the options; also "prefetch", "stream": each alone, "prefetch-stream":
 #                both with --stream-verify EVERY (default 6), "compiled": --compiled-verify on,
 #                "pipeline": --pipeline on, "all": prefetch + compiled, "tree": --branches
-#                TREE (default 4x2), "tree-all": the tree with prefetch + compiled; the
+#                TREE (default 4x2), "tree-all": the tree with prefetch + compiled, "span":
+#                the defaults with --lookup-span SPAN (default 64; its oracle rows equal the
+#                defaults', the oracle proposing every cycle: ORACLE=0); the
 #                stage-19 and stage-20 sessions measured compiled, tree, tree-all, pipeline and
 #                prefetch-stream: only the last paid, benchmarks/stage19/, stage20/) the oracle
 #                rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them; never for trees: the
@@ -169,6 +171,7 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
       all) a="--prefetch-draft on --stream-verify off --compiled-verify on" ;;
       tree) a="$none --branches ${TREE:-4x2}" ;;
       tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --stream-verify off --compiled-verify on" ;;
+      span) a="--lookup-span ${SPAN:-64}" ;;  # the defaults + a loop's repeat past the block
       *) echo "unknown variant $v" >&2; continue ;;
     esac
     if [[ ${ORACLE:-1} == 1 && $v != tree* ]]; then  # the oracle proposes one row
