@@ -414,7 +414,7 @@ class DraftProposer:
     # probability; None: one pass.
     refine: float | None = None
     # A long match's repeat may fill a verify of up to this many tokens, past the block
-    # (`spanned`); None: the block's size.
+    # (`repeat_count`); None: the block's size.
     lookup_span: int | None = None
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
@@ -434,13 +434,25 @@ class DraftProposer:
         if self.copy is not None:
             self.copy.extend(tokens)
 
-    def _looked_up(self, size: int) -> tuple[int, list[int]]:
-        """The lookup's proposal of up to size - 1 tokens and its match's length ((0, [])
-        when there is none)."""
-        found = (self.lookup.propose(size - 1) if self.lookup is not None and size > 1
-                 else (0, []))
+    def _looked_up(self, size: int, room: int | None = None) -> tuple[int, list[int]]:
+        """The lookup's proposal and its match's length ((0, []) when there is none): up to
+        `repeat_count` tokens."""
+        found = (0, [])
+        if self.lookup is not None and size > 1:
+            match = self.lookup.match()
+            found = self.lookup.follow(match, self.repeat_count(match[0], size, room))
         self.took_repeat = bool(found[1])
         return found
+
+    def repeat_count(self, length: int, size: int, room: int | None) -> int:
+        """The tokens a lookup match of `length` proposes: size - 1; for a long match at
+        least SPAN_MATCH long, up to `lookup_span` - 1 where the reply has `room` for them
+        (a repeat that long is usually a loop, which runs on past any block, and a longer
+        verify costs less than the cycles it saves)."""
+        if (self.lookup_span is None or room is None
+                or length < max(SPAN_MATCH, self.lookup_min_match)):
+            return size - 1
+        return max(size, min(self.lookup_span, room)) - 1
 
     @property
     def tap_ids(self) -> Sequence[int]:
@@ -481,25 +493,15 @@ class DraftProposer:
             for c in self.cache:
                 c.trim(drop)
 
-    def spanned(self, found: list[int], length: int, room: int | None) -> list[int]:
-        """A long match's repeat `found`, continued to fill a verify of up to `lookup_span`
-        tokens (no more than `room`, the tokens the reply has left) where the match is at
-        least SPAN_MATCH long: a repeat that long is usually a loop, which runs on past any
-        block, and a longer verify costs less than the cycles it saves."""
-        span = min(self.lookup_span or 0, room if room is not None else 0)
-        if length < SPAN_MATCH or span <= len(found) + 1 or self.lookup is None:
-            return found
-        return self.lookup.propose(span - 1)[1]
-
     def propose(self, staged: int, size: int, position: int, room: int | None = None
                 ) -> mx.array:
         """The verify input [1, <= size] (longer only for a long match's repeat, up to
-        `room` tokens: `spanned`)."""
-        length, found = self._looked_up(size)
+        `room` tokens: `repeat_count`)."""
+        length, found = self._looked_up(size, room)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
-            return mx.array([[staged] + self.spanned(found, length, room)])
+            return mx.array([[staged] + found])
         if self.copy is not None and self.branches is None and size > 1:
             verify_in, self.took_repeat = copied_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
@@ -522,9 +524,8 @@ class DraftProposer:
         """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
         A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
         a token is kept with the target's probability of it, else redrawn without it."""
-        length, found = self._looked_up(size)
+        length, found = self._looked_up(size, room)
         if found and length >= self.lookup_min_match:
-            found = self.spanned(found, length, room)
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if found:

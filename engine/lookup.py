@@ -17,7 +17,7 @@ MIN_MATCH = 5  # picked on held-out answers: benchmarks/stage13/lookup-study-cpu
 SHORT_MATCH = 2  # shorter matches than min_match: an alternative to the draft's proposal
 MAX_MATCH = 64
 # With --lookup-span, a match at least this long (a loop, nearly always, by then) fills a
-# verify past the block (cycle.DraftProposer.spanned): shorter ones rarely run past it
+# verify past the block (cycle.DraftProposer.repeat_count): shorter ones rarely run past it
 # (benchmarks/stage29/span-study-cpu.json, scripts/span_study.py)
 SPAN_MATCH = 16
 MAX_LOOKUP_SPAN = 256  # a verify's length bounds its activations' memory
@@ -74,7 +74,11 @@ class SuffixLookup:
         """-> (match length, up to `count` tokens that followed the best match, continued
         through the match's own period where they run into the present); (0, []) when there
         is no match."""
-        length, end = self.match()
+        return self.follow(self.match(), count)
+
+    def follow(self, found: tuple[int, int], count: int) -> tuple[int, list[int]]:
+        """`propose` for a match `found` (length, end) that `match` returned."""
+        length, end = found
         if not length:
             return 0, []
         period = len(self.tokens) - 1 - end
