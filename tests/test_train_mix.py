@@ -18,7 +18,7 @@ from engine.loading import load_draft_folder, load_target
 from engine.train.collect import Collector, MixConfig
 from engine.train.dataset import Dataset, encode_prompts
 from engine.train.generate import continue_batch, cut_loops, loop_starts
-from engine.train.loop import grow_draft, grow_taps
+from engine.train.loop import grow_draft, grow_taps, grow_width
 from engine.train.mix import (
     Decontaminator,
     PromptRecord,
@@ -198,6 +198,32 @@ def test_grown_draft_starts_where_the_shallow_one_was(pair):
         d.append_context(taps, cache)
         outs.append(d(block, cache))
     assert mx.allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_widened_draft_starts_where_the_narrow_one_was_and_its_new_units_train(pair):
+    _, draft_dir, _, _ = pair
+    draft = load_draft_folder(draft_dir, mx.float32)
+    width = draft.args.intermediate_size
+    grown = grow_width(draft, width + 24)
+    assert grown.layers[0].mlp.gate_proj.weight.shape[0] == width + 24
+    assert grown.args.intermediate_size == width + 24
+    taps = mx.random.normal((1, 7, draft.fc.weight.shape[1]))
+    block = mx.random.normal((1, draft.args.block_size, draft.args.hidden_size))
+
+    def run(d):
+        cache = d.make_cache()
+        d.append_context(taps, cache)
+        return d(block, cache)
+
+    assert mx.allclose(run(draft), run(grown), atol=1e-5)
+    # the new units have random gates and ups: once their down columns move, they count
+    mlp = grown.layers[0].mlp
+    mlp.down_proj.weight = mx.concatenate(
+        [mlp.down_proj.weight[:, :width], mx.full((mlp.down_proj.weight.shape[0], 24), 0.1)],
+        axis=1)
+    assert not mx.allclose(run(draft), run(grown), atol=1e-3)
+    with pytest.raises(ConfigError, match="keeps its MLP width"):
+        grow_width(draft, width - 1)
 
 
 def test_grown_taps_start_where_the_draft_was_and_then_read_the_new_layers(pair):

@@ -190,6 +190,29 @@ def grow_draft(draft: DFlashDraft, depth: int) -> DFlashDraft:
     return grown
 
 
+def grow_width(draft: DFlashDraft, intermediate_size: int) -> DFlashDraft:
+    """`draft` with each MLP widened to `intermediate_size` units: the new units' gate and up
+    rows start at a fresh layer's random init and their down-projection columns at zero, so
+    the grown draft predicts exactly what it did until training gives them a say."""
+    old = draft.args.intermediate_size
+    if intermediate_size < old:
+        raise ConfigError(f"--intermediate-size {intermediate_size}: a draft that continues "
+                          f"from --init keeps its MLP width {old} or grows it. Fix: give "
+                          f"{old} or more.")
+    grown = DFlashDraft(dataclasses.replace(draft.args, intermediate_size=intermediate_size))
+    fresh = dict(tree_flatten(grown.parameters()))
+    merged = []
+    for k, v in tree_flatten(draft.parameters()):
+        if k.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            v = mx.concatenate([v, fresh[k][old:].astype(v.dtype)], axis=0)
+        elif k.endswith("mlp.down_proj.weight"):
+            v = mx.concatenate([v, mx.zeros((v.shape[0], intermediate_size - old), v.dtype)],
+                               axis=1)
+        merged.append((k, v))
+    grown.update(tree_unflatten(merged), strict=False)
+    return grown
+
+
 def grow_taps(draft: DFlashDraft, taps: Sequence[int]) -> DFlashDraft:
     """`draft` reading target layers `taps`, which must include its own: the new taps' columns
     of `fc` start at zero, so it starts predicting exactly what it did and training decides
@@ -461,6 +484,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         if cfg.depth > draft.args.num_hidden_layers:
             say(f"grown from {draft.args.num_hidden_layers} to {cfg.depth} layers")
             draft = grow_draft(draft, cfg.depth)
+        width = cfg.intermediate_size or draft.args.intermediate_size
+        if width != draft.args.intermediate_size:
+            say(f"MLP grown from {draft.args.intermediate_size} to {width} units")
+            draft = grow_width(draft, width)
         # a tap count keeps the draft's taps; an explicit list may add layers to them
         if isinstance(cfg.taps, list) and cfg.taps != draft.args.target_layer_ids:
             say(f"taps grown from {draft.args.target_layer_ids} to {cfg.taps}")
