@@ -93,8 +93,16 @@
 #            --max-prefix 4" DATA_WEIGHTS="*/gen-*=1,*=0.4" INIT=/root/stash/files/draft27h.tar,
 #            then right after the same with PART=resume PAUSE=500 (4,014 steps; not shipped:
 #            held-out down, the suites level with the engine's --refine)
-#   next: the prefix objective has had its schedule; it levels the suites at best. Train for
-#            the first pass again (no --prefix-share) or spend the minutes on issue 13.
+#   stage 30 (one H200, the caches empty again): the GGUF and train_prompts staged; SEED=30
+#            PART=gen GEN_GPUS=0 GEN_S=270 (gen-30-0.npz), then SOLO=1 PART=train
+#            TRAIN_ARGS="--intermediate-size 2048" LR=1e-4 TRAIN_S=820 PAUSE=400 PROFILE=0
+#            DATA_WEIGHTS="*/gen-30-*=1,*=0.4", then PART=resume with the same settings
+#            (stage 16's MLPs widened from 1,024 to 2,048 units; 4,254 steps; not shipped:
+#            the suites level or down, held-out 4.13 -> 4.03)
+#   next: depth, taps and width have each left the suites level on one slice plus stage 5's
+#            data (37K distinct sequences, trained 3-5 epochs). Time where answer generation
+#            goes first (run-gpu.sh PART=gen-profile, 2-3 minutes), so a session can answer
+#            far more prompts than the 20K of its 270 s.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:

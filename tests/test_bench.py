@@ -236,3 +236,29 @@ def test_the_plain_step_study_counts_costs_in_plain_steps():
     # (m=1) one plain step (k=1) takes the next token, then the rest of that run follows
     assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 0, 1) == 6.0
     assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 1, 1) == 2.0 + 1.0 + 2.0 + 2.0
+
+
+def test_blas_report_names_an_mkl_or_openblas_library_mapped_into_the_process(monkeypatch):
+    """DFLASH_BLAS may name MKL's libmkl_rt: the report lists it beside OpenBLAS copies, and
+    leaves out numpy's own scipy_openblas (its symbols never serve MLX's matmuls)."""
+    from engine.bench import environment
+
+    maps = "\n".join([
+        "7f00-7f01 r-xp 0 08:01 1 /x/libmkl_rt.so.3",
+        "7f02-7f03 r-xp 0 08:01 2 /x/libmkl_avx512.so.3",
+        "7f04-7f05 r-xp 0 08:01 3 /c/libdflash_openblas-1.so",
+        "7f06-7f07 r-xp 0 08:01 4 /n/libscipy_openblas64_-abc.so",
+        "7f08-7f09 r-xp 0 08:01 5 /p/libpython3.11.so",
+        "7f0a-7f0b rw-p 0 00:00 0 ",
+    ])
+
+    class FakePath:
+        def __init__(self, path: str) -> None:
+            assert path == "/proc/self/maps"
+
+        def read_text(self) -> str:
+            return maps
+
+    monkeypatch.setattr(environment, "Path", FakePath)
+    assert environment.blas_info()["blas_libraries_loaded"] == [
+        "/c/libdflash_openblas-1.so", "/x/libmkl_avx512.so.3", "/x/libmkl_rt.so.3"]

@@ -54,12 +54,14 @@ def versions() -> dict:
 
 
 def blas_info() -> dict:
-    """Which BLAS the CPU matmuls use: LD_PRELOAD'ed OpenBLAS or MLX's bundled one."""
+    """Which BLAS the CPU matmuls use: the engine's OpenBLAS, one named by DFLASH_BLAS (MKL's
+    libmkl_rt, say), an LD_PRELOAD'ed one, or MLX's bundled one."""
     preload = os.environ.get("LD_PRELOAD", "")
     try:  # Linux: the libraries actually mapped into this process
         maps = Path("/proc/self/maps").read_text().splitlines()
         # numpy's scipy_openblas uses suffixed symbols: it never serves MLX's matmuls.
-        mapped = sorted({line.split()[-1] for line in maps if "blas" in line.lower()
+        mapped = sorted({line.split()[-1] for line in maps
+                         if any(name in line.lower() for name in ("blas", "libmkl_"))
                          and "/" in line and "scipy_openblas" not in line})
     except OSError:
         mapped = None
