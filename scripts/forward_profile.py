@@ -26,7 +26,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     import engine  # noqa: F401, I001  (first: its CPU BLAS must load before MLX)
     import mlx.core as mx
 
-    from engine.bench.environment import machine_info, versions
+    from engine.bench.environment import blas_info, machine_info, switches, versions
     from engine.cycle import prefill
     from engine.device import current as current_backend
     from engine.loading import load_target
@@ -41,7 +41,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     prefill(target, cache, prompt, 512)
     out: dict = {"model": name, "dtype": dtype, "ctx": ctx, "iters": iters,
                  "backend": current_backend(), "machine": machine_info(),
-                 "versions": versions(), "rows": {}}
+                 "versions": versions(), "blas": blas_info(), "switches": switches(), "rows": {}}
     taps = [1, target.num_layers // 2, target.num_layers - 2]
     for T in sorted(set(sizes) | {1, 16}):
         ids = mx.array([[(13 * i + 5) % 1000 + 100 for i in range(T)]])

@@ -85,8 +85,12 @@ def replies(app) -> list:
 
 
 def reply_settled(app) -> bool:
-    """No reply is streaming and at least one has been shown."""
-    return app.chat.active is None and bool(replies(app))
+    """No reply is streaming and at least one has been shown. The status counts too: a new
+    reply's view is mounted (streaming) a moment before its job is submitted, and a test's
+    poll can fall in between."""
+    shown = replies(app)
+    return (app.chat.active is None and bool(shown)
+            and all(v.status != "streaming" for v in shown))
 
 
 def engine_ready(app) -> bool:
