@@ -638,9 +638,9 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     emitted, index = 1, 0
     while emitted < max_tokens:
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
-        size = min(block_size, max_tokens - emitted)
-        clock = PhaseClock(sync_phases)
         room = max_tokens - emitted
+        size = min(block_size, room)
+        clock = PhaseClock(sync_phases)
         if sampler is None:
             verify_in = proposer.propose(staged, size, position, room=room)
         else:

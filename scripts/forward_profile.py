@@ -5,7 +5,8 @@
 For T new tokens (`--sizes`, default 1 and 16) after `ctx` tokens of context, the median over
 `--iters` of: host time to build the target's forward graph (no evaluation), the time to evaluate
 it, and both together. The cache is rolled back after each run, so every sample starts
-from the same state. Run it once per dtype; the JSON names the machine and versions.
+from the same state. Run it once per dtype; the JSON names the machine, versions, BLAS and
+switches.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     import engine  # noqa: F401, I001  (first: its CPU BLAS must load before MLX)
     import mlx.core as mx
 
-    from engine.bench.environment import blas_info, machine_info, switches, versions
+    from engine.bench.environment import environment
     from engine.cycle import prefill
     from engine.device import current as current_backend
     from engine.loading import load_target
@@ -40,8 +41,7 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     prompt = [(7 * i + 11) % 1000 + 100 for i in range(ctx)]
     prefill(target, cache, prompt, 512)
     out: dict = {"model": name, "dtype": dtype, "ctx": ctx, "iters": iters,
-                 "backend": current_backend(), "machine": machine_info(),
-                 "versions": versions(), "blas": blas_info(), "switches": switches(), "rows": {}}
+                 "backend": current_backend(), **environment(), "rows": {}}
     taps = [1, target.num_layers // 2, target.num_layers - 2]
     for T in sorted(set(sizes) | {1, 16}):
         ids = mx.array([[(13 * i + 5) % 1000 + 100 for i in range(T)]])
