@@ -760,13 +760,56 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
     want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), len(a))] for a in alone]
     assert len({len(w) for w in want}) > 1
     for attention, in_place in (("mlx", True), ("mlx", False), ("grouped", True),
-                                ("auto", True)):
+                                ("grouped", False), ("auto", True)):
         stats: dict = {}
         got = answer_running(model, prompts, 14, eos, width=3, refill_every=3,
                              prefill_tokens=8, attention=attention, stats=stats,
                              in_place=in_place)
         assert got == dict(enumerate(want))
         assert stats["counts"]["fills"] >= 2 and stats["counts"]["drops"] >= 2
+
+
+def test_follow_ups_join_the_running_batch_and_are_answered_like_the_rest(pair, monkeypatch):
+    """A conversation's next turn: `follow_up` appends a prompt built from an answer that
+    ended, and the same run answers it (beside prompts still queued), as greedy decoding of
+    that prompt alone would; the non-paddable path answers them in a later round."""
+    from engine.cycle import plain_decode
+    from engine.train import generate
+    from engine.train.generate import answer_prompts, answer_running
+
+    _, _, model, tokenizer = pair
+    target = adapter_for(model)
+    prompts = [[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4], [9, 9, 8], [30, 31, 32]]
+    first = len(prompts)
+    parent: dict[int, int] = {}
+
+    def follow_up(done: dict[int, list[int]]) -> list[int]:
+        added = []
+        for j, answer in done.items():
+            if j < first:  # one more turn for each opener, none for the turns themselves
+                prompts.append(prompts[j] + answer + [11, 12])
+                parent[len(prompts) - 1] = j
+                added.append(len(prompts) - 1)
+        return added
+
+    eos = set(tokenizer.eos_token_ids)
+
+    def alone(prompt: list[int]) -> list[int]:  # greedy decoding of the prompt alone
+        a = [t for c in plain_decode(target, prompt, 9, 64) for t in c.tokens]
+        return a[:next((i + 1 for i, t in enumerate(a) if t in eos), len(a))]
+
+    got = answer_running(model, prompts, 9, eos, width=2, refill_every=3, follow_up=follow_up)
+    assert sorted(got) == list(range(2 * first)) and sorted(parent.values()) == list(range(first))
+    for k, answer in got.items():
+        assert answer == alone(prompts[k])
+        if k in parent:
+            assert prompts[k][:len(prompts[parent[k]])] == prompts[parent[k]]
+    running = {tuple(prompts[k]): a for k, a in got.items()}
+    del prompts[first:]
+    parent.clear()
+    monkeypatch.setattr(generate, "paddable", lambda model: False)  # batches of equal lengths
+    rounds = answer_prompts(model, tokenizer, prompts, 9, batch=2, follow_up=follow_up)
+    assert {tuple(prompts[k]): a for k, a in rounds.items()} == running
 
 
 def test_auto_attention_times_both_ways_then_keeps_the_faster(pair):

@@ -156,6 +156,32 @@ def test_multiturn_replay_feeds_back_the_targets_answers(pair, tmp_path):
                         "content": tokenizer.decode([t for t in want if t not in eos])}]
 
 
+def test_multiturn_replay_runs_many_chats_at_once_each_in_its_own_context(pair, tmp_path):
+    """More chats than batch rows, of different lengths: every turn of every chat is asked
+    once, after that chat's earlier turns and the target's own answers to them."""
+    _, _, model, tokenizer = pair
+    chats = [["Hi!", "Name a fruit.", "And a colour?"], ["What is 2 plus 2?", "Times 3?"],
+             ["Tell me a joke.", "Another one.", "Why is it funny?"], ["Hello.", "Bye."]]
+    cfg = mix_config(tmp_path, [{"id": f"m{i}", "prompt": t[0], "source": "sharegpt",
+                                 "turns": t} for i, t in enumerate(chats)])
+    cfg = MixConfig(**{**cfg.__dict__, "batch": 2})
+    collector = Collector(model, tokenizer, cfg, tmp_path / "state", say=lambda m: None)
+    data = collector.multiturn(load_records(cfg.prompts_file), None)
+    eos = set(tokenizer.eos_token_ids)
+    want = set()
+    for turns in chats:
+        chat: list[dict] = []
+        for turn in turns:
+            chat = chat + [{"role": "user", "content": turn}]
+            prompt = encode_prompts(tokenizer, [chat])[0]
+            answer = continue_batch(model, [prompt], cfg.max_new, eos)[0]
+            want.add((tuple(prompt), tuple(answer)))
+            chat = chat + [{"role": "assistant",
+                            "content": tokenizer.decode([t for t in answer if t not in eos])}]
+    got = {(tuple(s[:p]), tuple(s[p:])) for s, p in zip(data.sequences, data.prompt_lens)}
+    assert len(data) == sum(map(len, chats)) and got == want
+
+
 def test_interrupted_data_run_resumes_at_its_phase(pair, tmp_path):
     _, _, model, tokenizer = pair
     rows = [{"id": f"r{i}", "prompt": f"Question {i}: what is {i} plus {i}?",

@@ -132,13 +132,16 @@ class Collector:
 
     # -- helpers -----------------------------------------------------------------------
     def _answer(self, prompts: list[list[int]], seconds: float | None, max_new: int | None = None,
-                temperature: float = 0.0) -> dict[int, list[int]]:
+                temperature: float = 0.0,
+                follow_up: Callable[[dict[int, list[int]]], list[int]] | None = None,
+                ) -> dict[int, list[int]]:
         cfg, stats = self.cfg, {}
         answers = answer_prompts(self.model, self.tokenizer, prompts, max_new or cfg.max_new,
                                  cfg.batch, seconds, token_budget=cfg.token_budget,
                                  temperature=temperature,
                                  loop_keep=cfg.loop_keep if temperature == 0.0 else None,
-                                 attention=cfg.attention, in_place=cfg.in_place, stats=stats)
+                                 attention=cfg.attention, in_place=cfg.in_place, stats=stats,
+                                 follow_up=follow_up)
         for name, took in stats.get("seconds", {}).items():
             self.batch_seconds[name] = self.batch_seconds.get(name, 0.0) + took
         if stats.get("attention_trials"):  # "auto": what each way cost, and the pick
@@ -188,44 +191,48 @@ class Collector:
 
     def multiturn(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
         """Replay each record's user turns one at a time, feeding back the target's own
-        answers, so the draft sees the context of turn 2 and later."""
+        answers, so the draft sees the context of turn 2 and later. A chat's next turn is
+        asked as soon as its last answer ends (`follow_up`), beside other chats' turns."""
         cfg = self.cfg
         pool = [r for r in records if len(r.turns) > 1]
         self.rng.shuffle(pool)
         pool = pool[:max(1, int(cfg.num_prompts * cfg.multiturn_share))]
-        start = time.perf_counter()
-        chats = {i: [] for i in range(len(pool))}
-        seqs, plens = [], []
-        for turn in range(cfg.max_turns):
-            live = [i for i in chats if turn < len(pool[i].turns)]
-            convs = [chats[i] + [{"role": "user", "content": pool[i].turns[turn]}]
-                     for i in live]
-            prompts = self._encode(convs)
-            keep = [k for k, p in enumerate(prompts) if self._fits(p)]
-            left = None if seconds is None else seconds - (time.perf_counter() - start)
-            if not keep or (left is not None and left <= 0):
-                break
-            # a turn an earlier dataset answered replays that answer (no GPU, not saved
-            # again); the conversation goes on from it
-            known = {} if self.answered is None else {
-                j: self.answered.answers[tuple(prompts[k])] for j, k in enumerate(keep)
-                if tuple(prompts[k]) in self.answered.answers}
-            self._skip("multiturn", len(known))
-            ask = [j for j in range(len(keep)) if j not in known]
-            fresh = self._answer([prompts[keep[j]] for j in ask], left)
-            answers = {**known, **{ask[i]: a for i, a in fresh.items()}}
-            next_chats = {}
-            for j, k in enumerate(keep):
-                if j not in answers:
-                    continue
-                reply = answers[j]
-                if len(reply) >= 2 and j not in known:
-                    seqs.append(prompts[k] + reply)
-                    plens.append(len(prompts[k]))
-                text = self.tokenizer.decode([t for t in reply if t not in self.eos])
-                next_chats[live[k]] = convs[k] + [{"role": "assistant", "content": text}]
-            chats = next_chats
-        return Dataset(seqs, plens, {"phase": "multiturn", "records": len(pool)})
+        prompts: list[list[int]] = []  # every turn asked, in the order asked
+        asked: list[tuple[int, list[dict]]] = []  # each prompt's (record, conversation)
+
+        def ask(i: int, chat: list[dict]) -> list[int]:
+            """Record i's next turn after `chat` -> its prompt's index ([] once the record
+            has no more turns, or the next does not fit). A turn an earlier dataset answered
+            replays that answer (no GPU, not saved again) and the chat goes on from it."""
+            while (turn := len(chat) // 2) < min(len(pool[i].turns), cfg.max_turns):
+                chat = chat + [{"role": "user", "content": pool[i].turns[turn]}]
+                prompt = self._encode([chat])[0]
+                if not self._fits(prompt):
+                    return []
+                known = None if self.answered is None else self.answered.answers.get(
+                    tuple(prompt))
+                if known is None:
+                    prompts.append(prompt)
+                    asked.append((i, chat))
+                    return [len(prompts) - 1]
+                self._skip("multiturn", 1)
+                chat = chat + [{"role": "assistant", "content": self._text(known)}]
+            return []
+
+        def follow_up(done: dict[int, list[int]]) -> list[int]:
+            return [k for j, reply in done.items() for k in ask(
+                asked[j][0], asked[j][1] + [{"role": "assistant", "content": self._text(reply)}])]
+
+        for i in range(len(pool)):
+            ask(i, [])
+        answers = self._answer(prompts, seconds, follow_up=follow_up)
+        keep = [j for j in sorted(answers) if len(answers[j]) >= 2]
+        return Dataset([prompts[j] + answers[j] for j in keep], [len(prompts[j]) for j in keep],
+                       {"phase": "multiturn", "records": len(pool)})
+
+    def _text(self, reply: list[int]) -> str:
+        """An answer as the next turn's context holds it: its text without the EOS."""
+        return self.tokenizer.decode([t for t in reply if t not in self.eos])
 
     def magpie(self, decon: Decontaminator | None, seconds: float | None) -> Dataset:
         """User turns written by the target (sampled after the template's user header, some

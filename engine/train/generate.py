@@ -377,13 +377,18 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
                    stop_loops: bool = False, refill_every: int = 32,
                    prefill_tokens: int = 1 << 16, order: list[int] | None = None,
                    attention: str = "mlx", stats: dict | None = None, eager: bool = False,
-                   in_place: bool = True) -> dict[int, list[int]]:
+                   in_place: bool = True,
+                   follow_up: Callable[[dict[int, list[int]]], list[int]] | None = None,
+                   ) -> dict[int, list[int]]:
     """Answers to `prompts` through one `RunningBatch` of up to `width` rows, prompts taken in
     `order` (default: as given); refills once a quarter of the rows have ended. With
     `seconds`, stops there: the rows in flight give their answers so far (a prefix of the
     target's answer is still its answer), so no tail of ever fewer rows runs on. `stats`,
-    if given, receives the batch's `seconds` and `counts` (see RunningBatch).
-    -> {prompt index: answer}."""
+    if given, receives the batch's `seconds` and `counts` (see RunningBatch). `follow_up`,
+    if given, sees the answers that ended at each check and returns the indices of prompts
+    it appended to `prompts` meanwhile (a conversation's next turn): they join the queue, so
+    a chat's later turns run beside other chats' first ones instead of in rounds that each
+    end on their longest answer. -> {prompt index: answer}."""
     batch = RunningBatch(model, max_new, eos, width, temperature, stop_loops, prefill_tokens,
                          attention, eager, in_place)
     queue = list(range(len(prompts))) if order is None else list(order)
@@ -399,6 +404,8 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
         answers.update(done)
         if on_done and done:
             on_done(len(done))
+        if follow_up and done:
+            queue += follow_up(done)
     if stats is not None:
         stats.update(seconds=dict(batch.seconds), counts=dict(batch.counts),
                      wall=time.perf_counter() - start, attention=batch.attention,
@@ -439,38 +446,54 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
                    on_done: Callable[[int], None] | None = None, token_budget: int = 1 << 18,
                    temperature: float = 0.0, loop_keep: int | None = None,
                    attention: str = "mlx", in_place: bool = True,
-                   stats: dict | None = None) -> dict[int, list[int]]:
+                   stats: dict | None = None,
+                   follow_up: Callable[[dict[int, list[int]]], list[int]] | None = None,
+                   ) -> dict[int, list[int]]:
     """The target's responses to `prompts` in batches of similar length (see
     `length_batches`), in a seeded shuffle so every category and length comes early; ->
     {prompt index: response}. With `seconds`, stops after the batch that crosses it. With
     `loop_keep`, looping rows stop early and are cut `loop_keep` tokens into their loop.
     `attention` picks the decode step's attention for paddable targets (decode_logits),
     `in_place` how their steps are queued (RunningBatch); `stats` receives a running
-    batch's time accounts (answer_running)."""
+    batch's time accounts (answer_running). `follow_up` (see answer_running) sees finished
+    responses as they are returned (loops cut) and may append prompts to `prompts`: a
+    running batch takes them as rows free up, other targets in later batches."""
     eos = set(tokenizer.eos_token_ids)
-    if paddable(model):
-        answers = answer_running(model, prompts, max_new, eos, batch, seconds, on_done,
-                                 temperature, stop_loops=loop_keep is not None,
-                                 order=running_order(prompts, batch), attention=attention,
-                                 in_place=in_place, stats=stats)
+
+    def cut(answers: dict[int, list[int]]) -> dict[int, list[int]]:
         return answers if loop_keep is None else dict(
             zip(answers, cut_loops(list(answers.values()), loop_keep)))
-    chunks = length_batches([len(p) for p in prompts], batch, max_new, token_budget, False)
-    random.Random(0).shuffle(chunks)
-    # full batches first: narrow ones waste the GPU
-    chunks.sort(key=lambda c: len(c) < min(batch, 64))
+
+    def follow(done: dict[int, list[int]]) -> list[int]:
+        return follow_up(cut(done)) if follow_up else []
+
+    if paddable(model):
+        return cut(answer_running(model, prompts, max_new, eos, batch, seconds, on_done,
+                                  temperature, stop_loops=loop_keep is not None,
+                                  order=running_order(prompts, batch), attention=attention,
+                                  in_place=in_place, stats=stats,
+                                  follow_up=follow if follow_up else None))
     answers: dict[int, list[int]] = {}
     start = time.perf_counter()
-    for chunk in chunks:
-        if seconds is not None and time.perf_counter() - start > seconds:
-            break
-        responses = continue_batch(model, [prompts[i] for i in chunk], max_new, eos,
-                                   temperature, stop_loops=loop_keep is not None)
-        if loop_keep is not None:
-            responses = cut_loops(responses, loop_keep)
-        answers.update(zip(chunk, responses))
-        if on_done:
-            on_done(len(chunk))
+    todo = list(range(len(prompts)))
+    while todo:  # rounds: the prompts follow_up added during one are the next one's
+        chunks = length_batches([len(prompts[i]) for i in todo], batch, max_new,
+                                token_budget, False)
+        random.Random(0).shuffle(chunks)
+        # full batches first: narrow ones waste the GPU
+        chunks.sort(key=lambda c: len(c) < min(batch, 64))
+        added: list[int] = []
+        for chunk in ([todo[i] for i in c] for c in chunks):
+            if seconds is not None and time.perf_counter() - start > seconds:
+                return answers
+            responses = continue_batch(model, [prompts[i] for i in chunk], max_new, eos,
+                                       temperature, stop_loops=loop_keep is not None)
+            done = cut(dict(zip(chunk, responses)))
+            answers.update(done)
+            if on_done:
+                on_done(len(chunk))
+            added += follow(done)
+        todo = added
     return answers
 
 
