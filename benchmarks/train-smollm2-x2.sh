@@ -99,20 +99,36 @@
 #            DATA_WEIGHTS="*/gen-30-*=1,*=0.4", then PART=resume with the same settings
 #            (stage 16's MLPs widened from 1,024 to 2,048 units; 4,254 steps; not shipped:
 #            the suites level or down, held-out 4.13 -> 4.03)
-#   next: depth, taps and width have each left the suites level on one slice plus stage 5's
-#            data (37K distinct sequences, trained 3-5 epochs). Time where answer generation
-#            goes first (run-gpu.sh PART=gen-profile, 2-3 minutes), so a session can answer
-#            far more prompts than the 20K of its 270 s.
+#   stage 31 (one H200): the GGUF, train_prompts and gen-30-0.npz staged; run-gpu.sh's
+#            PART=gen-profile, then SEED=31 PART=gen GEN_GPUS=0 GEN_S=300 NUM_PROMPTS=129000
+#            GEN_BATCH_0=1536 GEN_ATTENTION=grouped GEN_ARGS=--gen-back-to-back (42,814
+#            answers, 7.6M tokens; these are the defaults since), then SOLO=1 PART=train LR=8e-5
+#            TRAIN_S=780 PAUSE=390 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" (paused at step
+#            1,892 of 3,797; the machine went back before PART=resume, its state with it), then
+#            on a fresh machine with the GGUF, train_prompts and gen-30-0.npz staged again and
+#            .carry holding gen-31-0.npz and draft31h.tar (the paused weights as
+#            scripts/unpack_draft.py makes them, tarred): PART=setup of run-gpu.sh, `cp
+#            .carry/gen-31-0.npz /root/stash/files/`, SOLO=1 PART=train
+#            INIT=.carry/draft31h.tar LR=4e-5 TRAIN_S=150 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4"
+#            (725 steps; not shipped: the suites level)
+#   next: twice the fresh answers (stage 31: 80K distinct sequences) left the suites level
+#            too. Stage gen-30-0 and gen-31-0 (~/.cache/dflash-chat/train-data/stage3{0,1}/)
+#            if the cache kept them, answer a third slice with the multi-turn follow-ups,
+#            and train a larger draft (--intermediate-size 2048 or --depth 5) on all of it;
+#            keep the calls back to back (each call's files stay under its own files_at:
+#            copy them after the last call, not between calls).
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
 #   PART=gen    both GPUs answer disjoint slices (K/2) of the prompts for GEN_S seconds, with
-#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight -> /root/gen-$SEED-{0,1} and
+#               GEN_BATCH_0 / GEN_BATCH_1 rows in flight (default 1,536) -> /root/gen-$SEED-{0,1} and
 #               $OUT/gen-$SEED-{0,1}.npz (keep them: later sessions stage them); prompts
 #               that stage 5/6 data (or staged gen-*.npz) answered are skipped, not asked
-#               again; GEN_ATTENTION=mlx|grouped fixes the decode attention (default
-#               auto: each batch times both on its first steps and keeps the faster),
-#               GEN_ARGS more generation flags (e.g. --gen-back-to-back: the old loop)
+#               again; GEN_ATTENTION=mlx|grouped|auto picks the decode attention (default
+#               grouped; auto: each batch times both on its first steps and keeps the
+#               faster), decode steps are queued back to back (GEN_IN_PLACE=1: each after
+#               the last; stage 31's profile and answers found back to back, grouped, 1,536
+#               rows the fastest), GEN_ARGS more generation flags
 #               GEN_SHARES the phases' shares of GEN_S (--gen-shares, e.g. magpie=0.35);
 #               GEN_GPUS picks the GPUs that generate (default "0 1": slices r/2); GEN_DEVICE=0
 #               runs every slice's process on GPU 0 (two generators sharing one GPU); PROBE_GPU
@@ -226,6 +242,7 @@ gen)
       scripts/gpu_cycle_probe.py --parts cycle,host,children --precisions checkpoint,bfloat16 \
       --budget $(( ${GEN_S:-420} - 60 )) > /root/probe.log 2>&1 &
   fi
+  queue=--gen-back-to-back; [[ ${GEN_IN_PLACE:-0} == 1 ]] && queue=""
   for r in ${GEN_GPUS:-0 1}; do
     out=/root/gen-$SEED-$r; mkdir -p $out/phases
     cp benchmarks/stage5/heldout.npz $out/phases/data-heldout.npz  # the same in every run
@@ -234,8 +251,8 @@ gen)
       --out $out --data $out/data.npz --collect-only \
       --prompts-file /root/stash/files/train_prompts.jsonl.gz --eval-dir .carry/data \
       --prompt-slice $r/2 --prompt-seed $(( SEED * 10 + r )) --num-prompts ${NUM_PROMPTS:-60000} \
-      --gen-batch ${!width:-768} --gen-dtype ${GEN_DTYPE:-bfloat16} \
-      --gen-attention ${GEN_ATTENTION:-auto} ${GEN_ARGS:-} "${answered[@]}" \
+      --gen-batch ${!width:-1536} --gen-dtype ${GEN_DTYPE:-bfloat16} \
+      --gen-attention ${GEN_ATTENTION:-grouped} $queue ${GEN_ARGS:-} "${answered[@]}" \
       ${GEN_SHARES:+--gen-shares "$GEN_SHARES"} \
       --gen-seconds ${GEN_S:-420} > $out.log 2>&1 &
   done

@@ -11,8 +11,9 @@ Sections of the report (each answers one hypothesis about the slow decode steps)
               padding, half the rows padded by L/2 (mlx attention and grouped attention),
               queued back to back and (_synced) each after the last
   running     answer_running end to end on real prompts (benchmarks/stage5 data) for a time
-              budget each: steps queued back to back (the old loop), each step queued after
-              the last (in_place), and grouped attention: tokens/s and its seconds by kind
+              budget each: grouped attention with each step queued after the last
+              (in_place) and back to back, back to back at twice the width, and mlx
+              attention back to back (the old loop): tokens/s and its seconds by kind
               (decode, sync, check, loops, drop, fill), the drops' and fills' cache work
               evaluated where it happens
   cache       (last; widest batch, shorter context) update_and_fetch on every layer per
@@ -29,13 +30,14 @@ numbers side by side (per decode step of the widest, longest shape). How to read
       cache_copy_estimate_ms), step_peak_gb of queued ways above step_cache_gb: steps queued
       back to back copy the whole cache on every update (no buffer donation);
       RunningBatch(in_place=True) avoids it
-  running tokens_per_s: mlx (queued back to back, the old loop) vs mlx_in_place vs
-      grouped_in_place; share: decode (building + queueing steps) >> sync: Python-bound; loops,
+  running tokens_per_s: grouped_in_place vs grouped (back to back) vs grouped_<2W>_rows (a
+      step's fixed cost shared by twice the rows) vs mlx (the old loop); the stage-31 profile
+      found grouped back to back at 1,536 rows the fastest way; share: decode (building +
+      queueing steps) >> sync: Python-bound; loops,
       check, drop or fill large: the GPU waits on that work between chunks of steps
-Estimated on an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480, 6 timed steps): 2
-to 3 minutes at today's ~120 ms per 768-row step (less if the steps are fast): about 60 s of
-decode steps (4 shapes x 7 ways, each filling its cache), 3 x 12 s end to end plus their last
-chunk, and the model load.
+On an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480, 6 timed steps) the stage-31
+run took 59 s (benchmarks/stage31/gen-profile-bf16-h200.json); the end-to-end part now runs
+four ways of 12 s each plus their last chunk.
 """
 
 from __future__ import annotations
@@ -258,20 +260,22 @@ def running_rows(model, eos: set[int], prompts: list[list[int]], width: int, max
 
     from engine.train.generate import answer_running, running_order
 
-    order = running_order(prompts, width)
     rows = []
-    # the old loop (steps queued back to back) last: if its cache copies pile up, the
-    # other numbers are in already
-    for attention, in_place in (("mlx", True), ("grouped", True), ("mlx", False)):
+    # grouped attention at `width` each step after the last and back to back, then back to
+    # back at twice the width (a step's fixed cost, shared by more rows); the old loop (mlx
+    # attention back to back) last: if its cache copies pile up, the others are in already
+    for attention, in_place, rows_wide in (("grouped", True, width), ("grouped", False, width),
+                                           ("grouped", False, 2 * width), ("mlx", False, width)):
         mx.reset_peak_memory()
         stats: dict = {}
-        answers = answer_running(model, prompts, max_new, eos, width, seconds,
-                                 stop_loops=True, order=order, attention=attention,
-                                 stats=stats, eager=True, in_place=in_place)
+        answers = answer_running(model, prompts, max_new, eos, rows_wide, seconds,
+                                 stop_loops=True, order=running_order(prompts, rows_wide),
+                                 attention=attention, stats=stats, eager=True,
+                                 in_place=in_place)
         tokens = sum(len(a) for a in answers.values())
         wall = stats["wall"]
         counts = stats["counts"]
-        row = {"attention": attention, "in_place": in_place, "width": width,
+        row = {"attention": attention, "in_place": in_place, "width": rows_wide,
                "max_new": max_new,
                "answers": len(answers), "tokens": tokens, "wall_s": round(wall, 2),
                "tokens_per_s": round(tokens / wall, 1),
@@ -300,7 +304,7 @@ def wheels() -> dict:
 
 def profile(model_id: str | None, dtype: str, widths: list[int], contexts: list[int],
             steps: int, sdpa_reps: int = 20, running_width: int = 768,
-            running_prompts: int = 2048, max_new: int = 1024,
+            running_prompts: int = 6144, max_new: int = 1024,
             running_seconds: float | None = 12.0, prompts_file: Path | None = PROMPTS,
             prompt_median: int = 80, json_path: Path | None = None) -> dict:
     import os
@@ -385,7 +389,9 @@ def summary(report: dict) -> dict:
                                     if k.endswith("_ms_per_step")}
         out["cache_copy_estimate_ms"] = r["copy_all_ms_at_3tb_per_s"]
     if isinstance(report.get("running"), list):
-        runs = {r["attention"] + ("_in_place" if r["in_place"] else ""): r
+        narrow = min(r["width"] for r in report["running"])
+        runs = {r["attention"] + ("_in_place" if r["in_place"] else "")
+                + ("" if r["width"] == narrow else f"_{r['width']}_rows"): r
                 for r in report["running"]}
         out["running_tokens_per_s"] = {k: r["tokens_per_s"] for k, r in runs.items()}
         out["running_share"] = {k: r["share"] for k, r in runs.items()}

@@ -937,8 +937,8 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
                             running_width=4, running_prompts=10, max_new=6,
                             running_seconds=None, prompts_file=None, prompt_median=6)
     assert {"machine", "versions", "wheels", "shape"} <= set(report)
-    assert set(report["summary"]["running_tokens_per_s"]) == {"mlx", "mlx_in_place",
-                                                              "grouped_in_place"}
+    assert set(report["summary"]["running_tokens_per_s"]) == {
+        "grouped_in_place", "grouped", "grouped_8_rows", "mlx"}
     assert report["summary"]["step_shape"] == [3, 8]
     assert [(r["width"], r["context"]) for r in report["model_step"]] == [(2, 8), (3, 8)]
     for row in report["model_step"]:
@@ -951,8 +951,8 @@ def test_gen_profile_times_every_section_and_attributes_a_running_batch(pair):
             assert row[f"{way}_ms"] > 0
     assert [r["width"] for r in report["cache"]] == [3]  # the widest batch only
     assert report["cache"][0]["update_read_synced_ms_per_step"] > 0
-    assert [(r["attention"], r["in_place"]) for r in report["running"]] == [
-        ("mlx", True), ("grouped", True), ("mlx", False)]
+    assert [(r["attention"], r["in_place"], r["width"]) for r in report["running"]] == [
+        ("grouped", True, 4), ("grouped", False, 4), ("grouped", False, 8), ("mlx", False, 4)]
     for row in report["running"]:
         assert row["answers"] == 10 and row["tokens"] > 0  # every prompt answered
         assert set(row["seconds"]) == {"decode", "sync", "check", "loops", "drop", "fill"}
