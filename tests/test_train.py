@@ -771,8 +771,8 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
 
 def test_follow_ups_join_the_running_batch_and_are_answered_like_the_rest(pair, monkeypatch):
     """A conversation's next turn: `follow_up` appends a prompt built from an answer that
-    ended, and the same run answers it (beside prompts still queued), as greedy decoding of
-    that prompt alone would; the non-paddable path answers them in a later round."""
+    ended, and the same run answers it before the prompts still queued, as greedy decoding
+    of that prompt alone would; the non-paddable path answers them in a later round."""
     from engine.cycle import plain_decode
     from engine.train import generate
     from engine.train.generate import answer_prompts, answer_running
@@ -782,8 +782,10 @@ def test_follow_ups_join_the_running_batch_and_are_answered_like_the_rest(pair, 
     prompts = [[5, 17, 40, 2, 99, 3, 8], [7, 61], [1, 2, 3, 4], [9, 9, 8], [30, 31, 32]]
     first = len(prompts)
     parent: dict[int, int] = {}
+    ended: list[set[int]] = []  # the prompts whose answers ended at each check
 
     def follow_up(done: dict[int, list[int]]) -> list[int]:
+        ended.append(set(done))
         added = []
         for j, answer in done.items():
             if j < first:  # one more turn for each opener, none for the turns themselves
@@ -800,6 +802,8 @@ def test_follow_ups_join_the_running_batch_and_are_answered_like_the_rest(pair, 
 
     got = answer_running(model, prompts, 9, eos, width=2, refill_every=3, follow_up=follow_up)
     assert sorted(got) == list(range(2 * first)) and sorted(parent.values()) == list(range(first))
+    # every answer runs to the token limit: two rows end together, their next turns go next
+    assert len(ended[0]) == 2 and ended[1] == {k for k in parent if parent[k] in ended[0]}
     for k, answer in got.items():
         assert answer == alone(prompts[k])
         if k in parent:

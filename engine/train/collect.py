@@ -192,7 +192,8 @@ class Collector:
     def multiturn(self, records: list[PromptRecord], seconds: float | None) -> Dataset:
         """Replay each record's user turns one at a time, feeding back the target's own
         answers, so the draft sees the context of turn 2 and later. A chat's next turn is
-        asked as soon as its last answer ends (`follow_up`), beside other chats' turns."""
+        asked as soon as its last answer ends (`follow_up`), ahead of chats not yet begun:
+        within a time budget, chats go deep rather than many stopping at turn 1."""
         cfg = self.cfg
         pool = [r for r in records if len(r.turns) > 1]
         self.rng.shuffle(pool)

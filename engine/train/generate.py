@@ -386,9 +386,10 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
     target's answer is still its answer), so no tail of ever fewer rows runs on. `stats`,
     if given, receives the batch's `seconds` and `counts` (see RunningBatch). `follow_up`,
     if given, sees the answers that ended at each check and returns the indices of prompts
-    it appended to `prompts` meanwhile (a conversation's next turn): they join the queue, so
-    a chat's later turns run beside other chats' first ones instead of in rounds that each
-    end on their longest answer. -> {prompt index: answer}."""
+    it appended to `prompts` meanwhile (a conversation's next turn): they go to the front of
+    the queue, so a chat's later turns run beside other chats' earlier ones, not in rounds
+    that each end on their longest answer, and a time budget still reaches turn 2 and
+    later. -> {prompt index: answer}."""
     batch = RunningBatch(model, max_new, eos, width, temperature, stop_loops, prefill_tokens,
                          attention, eager, in_place)
     queue = list(range(len(prompts))) if order is None else list(order)
@@ -405,7 +406,7 @@ def answer_running(model: nn.Module, prompts: list[list[int]], max_new: int, eos
         if on_done and done:
             on_done(len(done))
         if follow_up and done:
-            queue += follow_up(done)
+            queue[:0] = follow_up(done)
     if stats is not None:
         stats.update(seconds=dict(batch.seconds), counts=dict(batch.counts),
                      wall=time.perf_counter() - start, attention=batch.attention,
