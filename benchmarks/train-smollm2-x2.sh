@@ -111,12 +111,12 @@
 #            .carry/gen-31-0.npz /root/stash/files/`, SOLO=1 PART=train
 #            INIT=.carry/draft31h.tar LR=4e-5 TRAIN_S=150 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4"
 #            (725 steps; not shipped: the suites level)
-#   next: twice the fresh answers (stage 31: 80K distinct sequences) left the suites level
-#            too. Stage gen-30-0 and gen-31-0 (~/.cache/dflash-chat/train-data/stage3{0,1}/)
-#            if the cache kept them, answer a third slice with the multi-turn follow-ups,
-#            and train a larger draft (--intermediate-size 2048 or --depth 5) on all of it;
-#            keep the calls back to back (each call's files stay under its own files_at:
-#            copy them after the last call, not between calls).
+#   next: twice the fresh answers (stage 31: 80K distinct sequences) left the suites level,
+#            as stage 21's five layers on 161K did: prompts nearer the suites' styles, or the
+#            second-pass objective (stage 28) trained to the end; gen-30-0 and gen-31-0 are in
+#            ~/.cache/dflash-chat/train-data/stage3{0,1}/ if the cache kept them. Make each
+#            training call one whole schedule, so a machine lost between calls costs nothing;
+#            each call's files stay under its own files_at (copy them after the last call).
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
