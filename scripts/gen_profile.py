@@ -31,9 +31,10 @@ numbers side by side (per decode step of the widest, longest shape). How to read
       back to back copy the whole cache on every update (no buffer donation);
       RunningBatch(in_place=True) avoids it
   running tokens_per_s: grouped_in_place vs grouped (back to back) vs grouped_<2W>_rows (a
-      step's fixed cost shared by twice the rows) vs mlx (the old loop); the stage-31 profile
-      found grouped back to back at 1,536 rows the fastest way; share: decode (building +
-      queueing steps) >> sync: Python-bound; loops,
+      step's fixed cost shared by twice the rows) vs mlx (the old loop); in the stage-31
+      profile's decode steps grouped attention queued back to back was the fastest way, and
+      that session answered that way at 1,536 rows; share: decode (building + queueing
+      steps) >> sync: Python-bound; loops,
       check, drop or fill large: the GPU waits on that work between chunks of steps
 On an H200 (bf16, 30 layers, widths 256/768, contexts 480/1480, 6 timed steps) the stage-31
 run took 59 s (benchmarks/stage31/gen-profile-bf16-h200.json); the end-to-end part now runs
