@@ -180,6 +180,7 @@ def test_multiturn_replay_runs_many_chats_at_once_each_in_its_own_context(pair, 
                             "content": tokenizer.decode([t for t in answer if t not in eos])}]
     got = {(tuple(s[:p]), tuple(s[p:])) for s, p in zip(data.sequences, data.prompt_lens)}
     assert len(data) == sum(map(len, chats)) and got == want
+    assert data.meta["turns"] == [4, 4, 2]  # sequences at turn 1, 2 and 3
 
 
 def test_interrupted_data_run_resumes_at_its_phase(pair, tmp_path):

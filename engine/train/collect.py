@@ -228,8 +228,10 @@ class Collector:
             ask(i, [])
         answers = self._answer(prompts, seconds, follow_up=follow_up)
         keep = [j for j in sorted(answers) if len(answers[j]) >= 2]
+        depth = [(len(asked[j][1]) + 1) // 2 for j in keep]  # each sequence's turn, from 1
         return Dataset([prompts[j] + answers[j] for j in keep], [len(prompts[j]) for j in keep],
-                       {"phase": "multiturn", "records": len(pool)})
+                       {"phase": "multiturn", "records": len(pool),
+                        "turns": [depth.count(t) for t in range(1, max(depth, default=0) + 1)]})
 
     def _text(self, reply: list[int]) -> str:
         """An answer as the next turn's context holds it: its text without the EOS."""
@@ -325,5 +327,7 @@ class Collector:
             if self.batch_seconds:
                 self.say(f"{phase}: seconds " + ", ".join(
                     f"{k} {v:.1f}" for k, v in self.batch_seconds.items()))
+            if "turns" in data.meta:  # how deep the replayed chats went
+                self.say(f"{phase}: sequences at turn 1, 2, ...: {data.meta['turns']}")
         train = Dataset.concat([parts[p] for p in PHASES if p != "heldout"])
         return train, parts["heldout"]
