@@ -465,15 +465,12 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
         return answers if loop_keep is None else dict(
             zip(answers, cut_loops(list(answers.values()), loop_keep)))
 
-    def follow(done: dict[int, list[int]]) -> list[int]:
-        return follow_up(cut(done)) if follow_up else []
-
+    follow = None if follow_up is None else lambda done: follow_up(cut(done))
     if paddable(model):
         return cut(answer_running(model, prompts, max_new, eos, batch, seconds, on_done,
                                   temperature, stop_loops=loop_keep is not None,
                                   order=running_order(prompts, batch), attention=attention,
-                                  in_place=in_place, stats=stats,
-                                  follow_up=follow if follow_up else None))
+                                  in_place=in_place, stats=stats, follow_up=follow))
     answers: dict[int, list[int]] = {}
     start = time.perf_counter()
     todo = list(range(len(prompts)))
@@ -493,7 +490,8 @@ def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], m
             answers.update(done)
             if on_done:
                 on_done(len(chunk))
-            added += follow(done)
+            if follow:
+                added += follow(done)
         todo = added
     return answers
 
