@@ -111,15 +111,18 @@ def kernels() -> dict[str, Any]:
 
     backend = device.current()
     if backend == "cpu":
-        from .kernels import cpu_softmax, cpu_swiglu
+        from .kernels import cpu_linear, cpu_softmax, cpu_swiglu
 
         # each builds its kernel on first use and never raises
-        softmax, swiglu = (k.status() for k in (cpu_softmax.KERNEL, cpu_swiglu.KERNEL))
+        softmax, swiglu, linear = (k.status() for k in (cpu_softmax.KERNEL, cpu_swiglu.KERNEL,
+                                                        cpu_linear.KERNEL))
         used = softmax.library or f"MLX's ({softmax.reason})"
         mlp = swiglu.library or f"MLX's ({swiglu.reason})"
+        products = linear.library or f"the BLAS's ({linear.reason})"
         return {"backend": "cpu", "native": None, "cpu_softmax": used, "cpu_swiglu": mlp,
+                "cpu_linear": products,
                 "note": f"the portable path (no GPU here); attention softmax: {used}; "
-                        f"SwiGLU: {mlp}"}
+                        f"SwiGLU: {mlp}; a verify's matmuls: {products}"}
     try:
         chosen = select(backend)
     except Exception as exc:  # a bad DFLASH_KERNELS value: report it with its fix

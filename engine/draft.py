@@ -16,7 +16,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .device import current
-from .kernels import cpu_swiglu
+from .kernels import cpu_linear, cpu_swiglu
 from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
 from .targets import cpu_attention
 
@@ -158,10 +158,14 @@ class DraftAttention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)
 
-    def context_kv(self, ctx: mx.array, offset: int) -> tuple[mx.array, mx.array]:
-        """K/V of context features, positions offset.. (k_norm and RoPE applied: cacheable)."""
-        k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
-        return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
+    def context_kv(self, ctx: mx.array, offset: int, cpu: bool = False
+                   ) -> tuple[mx.array, mx.array]:
+        """K/V of context features, positions offset.. (k_norm and RoPE applied: cacheable).
+        `cpu`: the products through kernels/cpu_linear.py (inference only)."""
+        k, v = (cpu_linear.linears(ctx, [self.k_proj, self.v_proj]) if cpu
+                else (self.k_proj(ctx), self.v_proj(ctx)))
+        k = self.rope(self.k_norm(self._heads(k, self.n_kv_heads)), offset=offset)
+        return k, self._heads(v, self.n_kv_heads)
 
     def __call__(self, x: mx.array, cache: KVCache, start: int | mx.array, cpu: bool = False,
                  context_mask: mx.array | None = None) -> mx.array:
@@ -169,9 +173,11 @@ class DraftAttention(nn.Module):
         (a prefetched block's context still holds the verify's rejected positions); None: all
         of them."""
         B, L, _ = x.shape
-        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
-        k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
-        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        q, k, v = (cpu_linear.linears(x, [self.q_proj, self.k_proj, self.v_proj]) if cpu
+                   else (self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+        q = self.rope(self.q_norm(self._heads(q, self.n_heads)), offset=start)
+        k = self.rope(self.k_norm(self._heads(k, self.n_kv_heads)), offset=start)
+        v = self._heads(v, self.n_kv_heads)
         ctx_k, ctx_v = cache.keys_and_values() if cache.offset else (k[:, :, :0], v[:, :, :0])
         if self.window is not None:
             ctx_k, ctx_v = ctx_k[:, :, -self.window:], ctx_v[:, :, -self.window:]
@@ -183,7 +189,8 @@ class DraftAttention(nn.Module):
                                                        mask=mask[None, None, None])
         else:  # the block is bidirectional and sees all of its context
             out = block_attention(q, keys, values, self.scale, cpu)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return cpu_linear.linear(out, self.o_proj) if cpu else self.o_proj(out)
 
 
 def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cpu: bool) -> mx.array:
@@ -203,10 +210,13 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def __call__(self, x: mx.array, cpu: bool = False) -> mx.array:
-        """`cpu`: the swiglu through kernels/cpu_swiglu.py (same bits, faster on a CPU; not
-        differentiable, so for inference only: training calls it without)."""
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(cpu_swiglu.swiglu(gate, up) if cpu else nn.silu(gate) * up)
+        """`cpu`: the swiglu through kernels/cpu_swiglu.py (same bits, faster on a CPU) and the
+        products through kernels/cpu_linear.py; neither is differentiable, so for inference
+        only: training calls it without."""
+        if not cpu:
+            return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = cpu_linear.linears(x, [self.gate_proj, self.up_proj])
+        return cpu_linear.linear(cpu_swiglu.swiglu(gate, up), self.down_proj)
 
 
 class DraftLayer(nn.Module):
@@ -246,10 +256,11 @@ class DFlashDraft(nn.Module):
         """Project newly committed tokens' features once and cache their K/V per layer, at
         positions from `position` (a device scalar: pipelined cycles, whose caches also hold
         rejected positions) or from the cache's length."""
-        ctx = self.project_context(taps)
+        cpu = current() == "cpu"  # inference only: the products through cpu_linear.c
+        ctx = self.hidden_norm(cpu_linear.linear(taps, self.fc) if cpu else self.fc(taps))
         offset = cache[0].offset if position is None else position
         for layer, c in zip(self.layers, cache):
-            c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset))
+            c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset, cpu))
 
     @property
     def can_prefetch(self) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .kernels import cpu_linear
 from .targets.base import TargetAdapter
 
 # Optional, next to a draft's weights: token ids ranked by how often the target writes them
@@ -37,6 +38,8 @@ class DraftHead:
         """hidden [..., H] (normed) -> logits [..., size] over the subset (or the vocab)."""
         if self.weight is None:
             return self.target.lm_head(hidden)
+        if self.target.on_cpu:  # a draft block's rows: cpu_linear.c
+            return cpu_linear.project(hidden, self.weight)
         return hidden @ self.weight.T
 
     def token_ids(self, index: mx.array) -> mx.array:

@@ -1,12 +1,14 @@
 """Where a verify forward's time goes: building the graph on the host vs running it.
 
-    python scripts/forward_profile.py [--model ID] [--ctx 256] [--json PATH]
+    python scripts/forward_profile.py [--model ID] [--ctx 256] [--linear kernel] [--json PATH]
 
 For T new tokens (`--sizes`, default 1 and 16) after `ctx` tokens of context, the median over
 `--iters` of: host time to build the target's forward graph (no evaluation), the time to evaluate
 it, and both together. The cache is rolled back after each run, so every sample starts
 from the same state. Run it once per dtype; the JSON names the machine, versions, BLAS and
-switches.
+switches. On a CPU, `--linear` picks what computes the Linear products of a few rows: the
+engine's default (`kernel`: engine/kernels/cpu_linear.py where it applies), its AVX2 tiles
+(`avx2`, also on an AVX-512 CPU) or the BLAS (`blas`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def use_linear(choice: str) -> None:
+    """What computes a few rows' Linear products from now on in this process (`--linear`)."""
+    from engine.kernels import cpu_linear
+
+    if choice == "blas":
+        cpu_linear.fits = lambda x, weight: False
+    elif choice == "avx2":
+        products = cpu_linear.products
+        cpu_linear.products = lambda lib, x, weights, use512=True: products(lib, x, weights,
+                                                                            False)
+
+
 def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
-            sizes: tuple[int, ...] = (1, 16)) -> dict:
+            sizes: tuple[int, ...] = (1, 16), linear: str = "kernel") -> dict:
     import engine  # noqa: F401, I001  (first: its CPU BLAS must load before MLX)
     import mlx.core as mx
 
@@ -35,12 +49,13 @@ def profile(model_id: str | None, dtype: str, ctx: int, iters: int,
     from engine.targets import adapter_for
     from engine.targets.base import cache_arrays
 
+    use_linear(linear)
     model, _, name = load_target(model_id or default_pair().target, dtype)
     target = adapter_for(model)
     cache = target.make_cache()
     prompt = [(7 * i + 11) % 1000 + 100 for i in range(ctx)]
     prefill(target, cache, prompt, 512)
-    out: dict = {"model": name, "dtype": dtype, "ctx": ctx, "iters": iters,
+    out: dict = {"model": name, "dtype": dtype, "ctx": ctx, "iters": iters, "linear": linear,
                  "backend": current_backend(), **environment(), "rows": {}}
     taps = [1, target.num_layers // 2, target.num_layers - 2]
     for T in sorted(set(sizes) | {1, 16}):
@@ -75,9 +90,12 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1, 16),
                    help="comma-separated token counts per forward (1 and 16 always included)")
+    p.add_argument("--linear", choices=("kernel", "avx2", "blas"), default="kernel",
+                   help="a CPU's Linear products of a few rows: the engine's default, its AVX2 "
+                        "tiles, or the BLAS")
     p.add_argument("--json")
     args = p.parse_args()
-    result = profile(args.model, args.dtype, args.ctx, args.iters, args.sizes)
+    result = profile(args.model, args.dtype, args.ctx, args.iters, args.sizes, args.linear)
     for key, row in result["rows"].items():
         print(f"{result['dtype']} {key}: build {row['build_ms']:.2f} ms, eval "
               f"{row['eval_ms']:.2f} ms, total {row['total_ms']:.2f} ms")

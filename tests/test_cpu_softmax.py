@@ -13,7 +13,7 @@ import pytest
 from tiny_pairs import CORPUS, plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.kernels import cpu_native, cpu_softmax
+from engine.kernels import cpu_linear, cpu_native, cpu_softmax
 from engine.targets import cpu_attention
 
 BUILDS_HERE = (sys.platform.startswith("linux") and platform.machine() == "x86_64"
@@ -203,6 +203,8 @@ def test_forward_with_the_kernel_equals_the_models_own_layers(tiny_pairs, kernel
                                                               family):
     """Prefill over a long prompt, then a verify: logits and taps equal bit for bit."""
     monkeypatch.setenv(cpu_native.ENV, "on")
+    # this kernel alone: cpu_linear.c's products differ from the BLAS's in the last bits
+    monkeypatch.setattr(cpu_linear, "fits", lambda x, weight: False)
     target, draft = tiny_pairs(family)
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                        config=DFlashConfig(dtype="float32"))

@@ -126,18 +126,19 @@ def test_full_doctor_on_the_offline_pair(tmp_path):
     assert isinstance(check["speedup"], float)
 
 
-def test_cpu_kernels_line_names_both_kernels_or_why_not(monkeypatch):
-    from engine.kernels import cpu_native, cpu_softmax, cpu_swiglu
+def test_cpu_kernels_line_names_every_kernel_or_why_not(monkeypatch):
+    from engine.kernels import cpu_linear, cpu_native, cpu_softmax, cpu_swiglu
 
     line = doctor.kernels()
     assert line["backend"] == "cpu" and "attention softmax:" in line["note"]
-    assert "SwiGLU:" in line["note"]
+    assert "SwiGLU:" in line["note"] and "a verify's matmuls:" in line["note"]
     monkeypatch.setenv(cpu_native.ENV, "off")
-    for kernel in (cpu_softmax.KERNEL, cpu_swiglu.KERNEL):
+    for kernel in (cpu_softmax.KERNEL, cpu_swiglu.KERNEL, cpu_linear.KERNEL):
         monkeypatch.setattr(kernel, "_status", None)
         monkeypatch.setattr(kernel, "_lib", None)
     off = doctor.kernels()
     assert off["cpu_softmax"] == off["cpu_swiglu"] == f"MLX's ({cpu_native.ENV}=off)"
+    assert off["cpu_linear"] == f"the BLAS's ({cpu_native.ENV}=off)"
 
 
 def test_render_names_the_padded_cuts():

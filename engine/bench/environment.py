@@ -80,10 +80,27 @@ def switches() -> dict:
             if k.startswith("MLX_") or k in SWITCHES}
 
 
+def cpu_kernels() -> dict | None:
+    """On a CPU, the engine's C kernels in use (the loaded file, or why MLX's or the BLAS's
+    ops run instead): softmax, swiglu and the verify's matmuls (engine/kernels/cpu_*.py)."""
+    from ..device import current
+
+    if current() != "cpu":
+        return None
+    from ..kernels import cpu_linear, cpu_softmax, cpu_swiglu
+
+    return {name: (status.library or f"off: {status.reason}")
+            for name, status in (("softmax", cpu_softmax.status()),
+                                 ("swiglu", cpu_swiglu.status()),
+                                 ("linear", cpu_linear.status()))}
+
+
 def environment() -> dict:
-    """{"machine", "versions", "blas", "switches", "gpu_attention"}: merged into every report
-    (gpu_attention: what a verify block's attention ran on, engine/kernels/cuda_attention.py)."""
+    """{"machine", "versions", "blas", "switches", "gpu_attention", "cpu_kernels"}: merged
+    into every report (gpu_attention: what a verify block's attention ran on,
+    engine/kernels/cuda_attention.py)."""
     from ..kernels import cuda_attention
 
     return {"machine": machine_info(), "versions": versions(), "blas": blas_info(),
-            "switches": switches(), "gpu_attention": cuda_attention.state()}
+            "switches": switches(), "gpu_attention": cuda_attention.state(),
+            "cpu_kernels": cpu_kernels()}

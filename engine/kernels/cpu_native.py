@@ -1,12 +1,14 @@
-"""What the CPU's C kernels (cpu_softmax.c, cpu_swiglu.c) share: one switch, the build, and a
-checked load once per process.
+"""What the CPU's C kernels (cpu_softmax.c, cpu_swiglu.c, cpu_linear.c) share: one switch, the
+build, and a checked load once per process.
 
 MLX's x86-64 Linux CPU build evaluates exp-based ops one element at a time (SIMD width 1, its
-exp a scalar polynomial with libm fma calls). Each kernel redoes MLX's own IEEE operations in
-MLX's order with AVX2+FMA, so its output is MLX's bit for bit. It is compiled at first use
-with the system C compiler ($CC, else cc) into the cache folder, named by a digest of source,
-compiler and flags, and checked against MLX once per process: an MLX whose ops changed turns
-it off rather than changing results. Not x86-64 Linux, no compiler, no AVX2/FMA, a failed
+exp a scalar polynomial with libm fma calls). The softmax and SwiGLU kernels redo MLX's own
+IEEE operations in MLX's order with AVX2+FMA, so their output is MLX's bit for bit; the
+matmul kernel sums in its own order (cpu_linear.py says why that is as lossless as the BLAS's
+own products). Each is compiled at first use with the system C compiler ($CC, else cc) into
+the cache folder, named by a digest of source, compiler and flags, and checked against MLX
+once per process: an MLX whose ops changed turns it off rather than changing results (the
+matmul: beyond float32 rounding). Not x86-64 Linux, no compiler, no AVX2/FMA, a failed
 check, or DFLASH_CPU_KERNELS=off: `library()` is None and callers use MLX's ops.
 DFLASH_CPU_KERNELS: auto (default: where it pays) | on (at every size) | off.
 """

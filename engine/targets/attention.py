@@ -27,7 +27,7 @@ from mlx_lm.models.base import create_attention_mask
 from ..device import current
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
-from .cpu_attention import attention_call
+from .cpu_attention import KernelProjections, attention_call
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -104,6 +104,10 @@ class AttentionAdapter(TargetAdapter):
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
+        # On a CPU the attention modules as the rebound calls see them: their projections
+        # through cpu_linear.c (which keeps MLX's for inputs it does not fit)
+        self._attention = [KernelProjections(layer.self_attn) if self.on_cpu else layer.self_attn
+                           for layer in self.layers]
 
     def compile_halves(self, on: bool) -> bool:
         """Verify forwards with compiled layer halves (on) or the model's own layers (off);
@@ -197,7 +201,7 @@ class AttentionAdapter(TargetAdapter):
         if attend is None:
             r = layer.self_attn(x, masks["attention"], cache)
         else:
-            r = attend(layer.self_attn, x, masks["attention"], cache)
+            r = attend(self._attention[index], x, masks["attention"], cache)
         if half is not None:
             return half(h, r)
         h = h + r

@@ -2,7 +2,9 @@
 layer, tapping hidden states, and roll its caches back after a partly rejected verify.
 
 An adapter never changes mlx-lm's classes: it walks `model.layers` itself with the
-model's own modules and caches, so the output is exactly the model's own. A family says how
+model's own modules and caches, so the output is exactly the model's own; on an x86-64 CPU
+its Linear products for a few rows go through kernels/cpu_linear.py instead of the BLAS,
+equal up to float32 rounding. A family says how
 its layers are called (`_masks`, `_layer_forward`) and how its caches roll back
 (`begin_verify`, `rollback`); see attention.py and gated_delta.py.
 """
@@ -20,7 +22,7 @@ from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..device import current
-from ..kernels import cpu_swiglu
+from ..kernels import cpu_linear, cpu_swiglu
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
 # their head rows alone would not reproduce the target's logits.
@@ -117,7 +119,11 @@ class TargetAdapter:
         """The target's output head on already-normed hidden states."""
         head, tied = self._head()
         if tied:
+            if self.on_cpu and type(head) is nn.Embedding:  # a verify's rows: cpu_linear.c
+                return cpu_linear.project(hidden, head.weight)
             return head.as_linear(hidden)
+        if self.on_cpu and type(head) is nn.Linear:
+            return cpu_linear.linear(hidden, head)
         group = getattr(getattr(self.model, "language_model", self.model), "sharding_group",
                         None)  # a head sharded by vocabulary rows (mlx-lm's qwen3_5 shard())
         return head(hidden) if group is None else gather_last_axis(head(hidden), group)
@@ -188,9 +194,11 @@ class TargetAdapter:
         return self.on_cpu and self.lockstep is None
 
     def _mlp(self, mlp: nn.Module, x: mx.array) -> mx.array:
-        """`mlp(x)`, bit for bit; a SwiGLU MLP on CPU computes its swiglu in C."""
+        """`mlp(x)`; a SwiGLU MLP on CPU computes its swiglu in C (same bits) and, for a
+        verify's few rows, its products through kernels/cpu_linear.py."""
         if self.cpu_mlp and type(mlp) in SWIGLU_MLPS:
-            return mlp.down_proj(cpu_swiglu.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+            gate, up = cpu_linear.linears(x, [mlp.gate_proj, mlp.up_proj])
+            return cpu_linear.linear(cpu_swiglu.swiglu(gate, up), mlp.down_proj)
         return mlp(x)
 
     # -- family-specific ---------------------------------------------------------------

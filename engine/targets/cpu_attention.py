@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models import base, llama, qwen2, qwen3, qwen3_next
 
 from ..device import current
-from ..kernels import cpu_softmax, cuda_attention
+from ..kernels import cpu_linear, cpu_softmax, cuda_attention
 
 # Attention modules whose __call__ reaches attention through their module's global
 # scaled_dot_product_attention (qwen3_5's full-attention layers are Qwen3NextAttention).
@@ -84,13 +84,47 @@ def cuda_scaled_dot_product_attention(queries, keys, values, cache, scale, mask,
                                              mask=mask, sinks=sinks)
 
 
+class KernelProjections:
+    """An attention module as its own __call__ sees `self`, with its q/k/v/o projections
+    through kernels/cpu_linear.py (a verify's few rows on a CPU): q, k and v in one call,
+    since the modules in MODULES ask for them one after another on the same input."""
+
+    def __init__(self, module: nn.Module):
+        self._module = module
+        self._pending: tuple[mx.array, mx.array, mx.array] | None = None  # (x, k, v)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def q_proj(self, x: mx.array) -> mx.array:
+        m = self._module
+        q, k, v = cpu_linear.linears(x, [m.q_proj, m.k_proj, m.v_proj])
+        self._pending = (x, k, v)
+        return q
+
+    def k_proj(self, x: mx.array) -> mx.array:
+        if self._pending is not None and self._pending[0] is x:
+            return self._pending[1]
+        return cpu_linear.linear(x, self._module.k_proj)
+
+    def v_proj(self, x: mx.array) -> mx.array:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is x:
+            return pending[2]
+        return cpu_linear.linear(x, self._module.v_proj)
+
+    def o_proj(self, x: mx.array) -> mx.array:
+        return cpu_linear.linear(x, self._module.o_proj)
+
+
 _calls: dict[tuple[type, Callable], Callable[..., mx.array]] = {}
 
 
 def attention_call(module: nn.Module) -> Callable[..., mx.array] | None:
     """(module, x, mask, cache) -> its output: the class's own __call__ with our
-    scaled_dot_product_attention (CPU), or the CUDA one with the block kernel when it is on.
-    None for other modules, or when neither applies."""
+    scaled_dot_product_attention (CPU; called on `KernelProjections(module)` there, its
+    products go through cpu_linear.c too), or the CUDA one with the block kernel when it is
+    on. None for other modules, or when neither applies."""
     cls = type(module)
     if cls not in MODULES:
         return None
