@@ -157,10 +157,14 @@ static void run_units(const task_t *t, int64_t u0, int64_t u1) {
   }
 }
 
-/* -- the pool ------------------------------------------------------------------------------ */
+/* -- the pool ------------------------------------------------------------------------------
+ * Each thread has its share of a call's tiles. A worker claims its share when it wakes; the
+ * caller does its own, then claims every share no worker has claimed yet, so a worker that
+ * the OS has not run (on the caller's core, say) never holds the call up. */
 static task_t task;
 static int nthreads = 1;
-static atomic_int generation, finished;
+static atomic_int generation;
+static atomic_int claimed[MAX_THREADS], finished[MAX_THREADS];
 static pthread_mutex_t caller = PTHREAD_MUTEX_INITIALIZER; /* one call at a time */
 static pthread_mutex_t sleep_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
@@ -197,8 +201,10 @@ static void *worker(void *arg) {
       pthread_mutex_unlock(&sleep_mu);
     }
     seen = g;
-    share(t);
-    atomic_fetch_add_explicit(&finished, 1, memory_order_release);
+    if (atomic_exchange_explicit(&claimed[t], 1, memory_order_acq_rel) == 0) {
+      share(t);
+      atomic_store_explicit(&finished[t], 1, memory_order_release);
+    }
   }
   return NULL;
 }
@@ -246,15 +252,26 @@ void dflash_linear(const float *x, int64_t m, int64_t k, int parts, const float 
     task.units[p + 1] = task.units[p] + (ns[p] + rw - 1) / rw;
   }
   if (nthreads > 1) {
-    atomic_store(&finished, 0);
+    for (int t = 1; t < nthreads; t++) {
+      atomic_store_explicit(&finished[t], 0, memory_order_relaxed);
+      atomic_store_explicit(&claimed[t], 0, memory_order_release);
+    }
     pthread_mutex_lock(&sleep_mu);
     atomic_fetch_add_explicit(&generation, 1, memory_order_release);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&sleep_mu);
   }
   share(0);
-  while (nthreads > 1 &&
-         atomic_load_explicit(&finished, memory_order_acquire) < nthreads - 1)
-    _mm_pause();
+  for (int t = 1; t < nthreads; t++) {
+    if (atomic_exchange_explicit(&claimed[t], 1, memory_order_acq_rel) == 0) {
+      share(t); /* not claimed yet: the caller does it */
+      continue;
+    }
+    for (int spins = 0; !atomic_load_explicit(&finished[t], memory_order_acquire); spins++)
+      if (spins < 4096)
+        _mm_pause();
+      else
+        sched_yield(); /* a claimed share whose worker waits for a core */
+  }
   pthread_mutex_unlock(&caller);
 }
