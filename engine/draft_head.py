@@ -38,9 +38,7 @@ class DraftHead:
         """hidden [..., H] (normed) -> logits [..., size] over the subset (or the vocab)."""
         if self.weight is None:
             return self.target.lm_head(hidden)
-        if self.target.on_cpu:  # a draft block's rows: cpu_linear.c
-            return cpu_linear.project(hidden, self.weight)
-        return hidden @ self.weight.T
+        return cpu_linear.project(hidden, self.weight)  # on a CPU, a block's rows in C
 
     def token_ids(self, index: mx.array) -> mx.array:
         """Indices into this head's logits -> token ids."""

@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..device import current
 from .cpu_native import Kernel, mode
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
@@ -86,14 +87,14 @@ def _agrees(lib: ctypes.CDLL) -> bool:
 
 
 def fits(x: mx.array, weight: mx.array) -> bool:
-    """Whether x @ weight.T goes to the kernel: float32, at most MAX_ROWS rows, a plain 2-D
-    weight (a quantized layer's is packed integers), the kernel loaded and not switched off;
-    by default (`auto`) only where it pays: weights of MIN_WEIGHT elements or more, on a CPU
-    with AVX-512. Its AVX2 tiles measured no faster than OpenBLAS on the 2-core Xeon
-    (benchmarks/cpu-linear-forward-{kernel,avx2,blas}-cpu.json), so CPUs without AVX-512 keep
-    the BLAS unless DFLASH_CPU_KERNELS=on (every size, AVX2 too)."""
+    """Whether x @ weight.T goes to the kernel: on the CPU device, float32, at most MAX_ROWS
+    rows, a plain 2-D weight (a quantized layer's is packed integers), the kernel loaded and
+    not switched off; by default (`auto`) only where it pays: weights of MIN_WEIGHT elements
+    or more, on a CPU with AVX-512. Its AVX2 tiles measured no faster than OpenBLAS on the
+    2-core Xeon (benchmarks/cpu-linear-forward-{kernel,avx2,blas}-cpu.json), so CPUs without
+    AVX-512 keep the BLAS unless DFLASH_CPU_KERNELS=on (every size, AVX2 too)."""
     on = mode()
-    if (on == "off" or x.dtype != mx.float32 or weight.dtype != mx.float32
+    if (on == "off" or current() != "cpu" or x.dtype != mx.float32 or weight.dtype != mx.float32
             or weight.ndim != 2 or x.shape[-1] != weight.shape[1]
             or not 0 < x.size // x.shape[-1] <= MAX_ROWS):
         return False

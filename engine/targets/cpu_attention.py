@@ -94,6 +94,8 @@ class KernelProjections:
         self._pending: tuple[mx.array, mx.array, mx.array] | None = None  # (x, k, v)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not set yet (a copy being built): never the module's
+            raise AttributeError(name)
         return getattr(self._module, name)
 
     def q_proj(self, x: mx.array) -> mx.array:
