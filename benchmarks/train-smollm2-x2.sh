@@ -111,10 +111,14 @@
 #            .carry/gen-31-0.npz /root/stash/files/`, SOLO=1 PART=train
 #            INIT=.carry/draft31h.tar LR=4e-5 TRAIN_S=150 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4"
 #            (725 steps; not shipped: the suites level)
-#   next: twice the fresh answers (stage 31: 80K distinct sequences) left the suites level,
-#            as stage 21's five layers on 161K did: prompts nearer the suites' styles, or the
-#            second-pass objective (stage 28) trained to the end; gen-30-0 and gen-31-0 are in
-#            ~/.cache/dflash-chat/train-data/stage3{0,1}/ if the cache kept them. Make each
+#   stage 32 (one H200): the GGUF, train_prompts, gen-30-0.npz and gen-31-0.npz staged;
+#            SEED=32 PART=gen GEN_GPUS=0 GEN_S=250 NUM_PROMPTS=129000 (29,664 answers), then
+#            SOLO=1 PART=train LR=5e-5 TRAIN_S=440 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" (one
+#            whole schedule in one call, 1,819 steps on 109,252 distinct sequences; not shipped:
+#            held-out 4.13 -> 4.19, the suites level)
+#   next: three sessions' answers (stage 32: 109K distinct sequences) left the suites level,
+#            as stage 21's five layers on 161K did; gen-30-0, gen-31-0 and gen-32-0 are in
+#            ~/.cache/dflash-chat/train-data/stage3{0,1,2}/ if the cache kept them. Make each
 #            training call one whole schedule, so a machine lost between calls costs nothing;
 #            each call's files stay under its own files_at (copy them after the last call).
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
