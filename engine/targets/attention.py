@@ -27,7 +27,7 @@ from mlx_lm.models.base import create_attention_mask
 from ..device import current
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
-from .cpu_attention import KernelProjections, attention_call
+from .cpu_attention import KernelProjections, attention_call, kernel_sized
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -106,7 +106,8 @@ class AttentionAdapter(TargetAdapter):
                         for layer in self.layers]
         # On a CPU the attention modules as the rebound calls see them: their projections
         # through cpu_linear.c (which keeps MLX's for inputs it does not fit)
-        self._attention = [KernelProjections(layer.self_attn) if self.on_cpu else layer.self_attn
+        self._attention = [KernelProjections(layer.self_attn) if self.on_cpu
+                           and kernel_sized(layer.self_attn) else layer.self_attn
                            for layer in self.layers]
 
     def compile_halves(self, on: bool) -> bool:

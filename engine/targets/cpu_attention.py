@@ -119,6 +119,14 @@ class KernelProjections:
         return cpu_linear.linear(x, self._module.o_proj)
 
 
+def kernel_sized(module: nn.Module) -> bool:
+    """Whether an attention module's projections are plain float32 Linear layers the kernel
+    may take (any size with DFLASH_CPU_KERNELS=on): else its own calls, with no wrapper."""
+    q = getattr(module, "q_proj", None)
+    return (type(q) is nn.Linear and q.weight.dtype == mx.float32
+            and (q.weight.size >= cpu_linear.MIN_WEIGHT or cpu_linear.mode() == "on"))
+
+
 _calls: dict[tuple[type, Callable], Callable[..., mx.array]] = {}
 
 
