@@ -247,9 +247,10 @@ class DFlashDraft(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
 
-    def project_context(self, taps: mx.array) -> mx.array:
-        """Concatenated tapped target features [B, T, n_taps*H] -> context [B, T, H]."""
-        return self.hidden_norm(self.fc(taps))
+    def project_context(self, taps: mx.array, cpu: bool = False) -> mx.array:
+        """Concatenated tapped target features [B, T, n_taps*H] -> context [B, T, H]. `cpu`:
+        the product through kernels/cpu_linear.py (inference only)."""
+        return self.hidden_norm(cpu_linear.linear(taps, self.fc) if cpu else self.fc(taps))
 
     def append_context(self, taps: mx.array, cache: list[KVCache],
                        position: mx.array | None = None) -> None:
@@ -257,7 +258,7 @@ class DFlashDraft(nn.Module):
         positions from `position` (a device scalar: pipelined cycles, whose caches also hold
         rejected positions) or from the cache's length."""
         cpu = current() == "cpu"  # inference only: the products through cpu_linear.c
-        ctx = self.hidden_norm(cpu_linear.linear(taps, self.fc) if cpu else self.fc(taps))
+        ctx = self.project_context(taps, cpu)
         offset = cache[0].offset if position is None else position
         for layer, c in zip(self.layers, cache):
             c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset, cpu))

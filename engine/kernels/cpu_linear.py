@@ -106,16 +106,11 @@ def fits(x: mx.array, weight: mx.array) -> bool:
 def linears(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:
     """[layer(x) for layer in layers]: plain nn.Linear layers (biases added after) through
     the kernel in one call where it fits, else the layers themselves."""
-    weights = [getattr(layer, "weight", None) for layer in layers]
     if (len(layers) > MAX_PARTS or any(type(layer) is not nn.Linear for layer in layers)
-            or not all(fits(x, w) for w in weights)):
+            or not all(fits(x, layer.weight) for layer in layers)):
         return [layer(x) for layer in layers]
-    mx.eval(x)
-    flat = np.ascontiguousarray(np.asarray(x).reshape(-1, x.shape[-1]))
-    outs = products(library(), flat, [_host(w) for w in weights])
-    lead = x.shape[:-1]
-    return [_with_bias(mx.array(y).reshape(*lead, y.shape[1]), layer)
-            for y, layer in zip(outs, layers)]
+    return [_with_bias(y, layer)
+            for y, layer in zip(_run(x, [layer.weight for layer in layers]), layers)]
 
 
 def linear(x: mx.array, layer: nn.Module) -> mx.array:
@@ -125,12 +120,16 @@ def linear(x: mx.array, layer: nn.Module) -> mx.array:
 
 def project(x: mx.array, weight: mx.array) -> mx.array:
     """x @ weight.T (a tied embedding's output head), through the kernel where it fits."""
-    if not fits(x, weight):
-        return x @ weight.T
+    return _run(x, [weight])[0] if fits(x, weight) else x @ weight.T
+
+
+def _run(x: mx.array, weights: Sequence[mx.array]) -> list[mx.array]:
+    """x @ w.T for each weight by the kernel, in one call: x is evaluated (a sync), the kernel
+    reads its buffer and the weights', and the products come back as new arrays."""
     mx.eval(x)
     flat = np.ascontiguousarray(np.asarray(x).reshape(-1, x.shape[-1]))
-    (y,) = products(library(), flat, [_host(weight)])
-    return mx.array(y).reshape(*x.shape[:-1], y.shape[1])
+    outs = products(library(), flat, [_host(w) for w in weights])
+    return [mx.array(y).reshape(*x.shape[:-1], y.shape[1]) for y in outs]
 
 
 def _host(weight: mx.array) -> np.ndarray:
