@@ -54,7 +54,8 @@
 #   PART=synthetic the synthetic Qwen3.5-9B in bf16 alone (REPEAT pairs, SUFFIX; e.g.
 #                DFLASH_MERGE_PROJECTIONS=0 SUFFIX=-separate for the A/B of the verify's merged
 #                input projections, engine/targets/merged.py)
-#   PART=oracle  the oracle rows at 8 and 4 tokens/cycle alone (DRAFT, ARGS, SUFFIX)
+#   PART=oracle  the oracle rows at 8 and 4 tokens/cycle alone (DRAFT, ARGS, SUFFIX), after the
+#                cycle probe's split part (a verify forward taken apart, gpu-split-h200.json)
 #   PART=gen-profile where batched answer generation's time goes (training data, issue 12):
 #                attention with / without the padding mask, KV cache updates, whole decode
 #                steps (mlx vs grouped attention), answer_running end to end (~2 minutes)
@@ -150,7 +151,10 @@ sources)  # issue 12: which prompt sources the draft predicts worst
   TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
 synthetic)  # issue 13's 9B goal alone
   synthetic_bf16 ;;
-oracle)  # issue 13's oracle goals alone
+oracle)  # issue 13's oracle goals alone, after a verify forward taken apart (the probe's
+  # split part: whole forward, head, mlx-lm's own call at 16 and 1 tokens; ~30 s)
+  MLX_CUDA_USE_CUDNN_SDPA=0 step 150 python3 scripts/gpu_cycle_probe.py --parts split \
+    --precisions checkpoint --budget 100 --out "$OUT/gpu-split-h200.json"
   oracle_rows ;;
 gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, bf16
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;

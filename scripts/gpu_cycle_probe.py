@@ -20,6 +20,11 @@ is recorded, never stops the run) and skipped once --budget seconds are spent:
            q/k/v/o projections, RoPE, attention through the engine and through MLX, MLP) at 1
            and 16 new tokens, every layer's piece evaluated together: what a verify pays
            beyond a plain step, piece by piece (llama-style attention only).
+  split    (not in the default --parts) a verify forward taken apart: the whole forward at
+           T=16 and T=1, T=16 with the head on its last row only, the head alone at 16 and 1
+           rows, mlx-lm's own model call at both; each built first and then evaluated (the
+           device's time) and built and evaluated together (wall), the KV cache rolled back
+           after each: where a 16-token verify's time goes beyond the layers' pieces
   cycle    the real pair through DFlashRuntime per precision: per-phase device times
            (profile=True), per-cycle wall times (first cycles vs steady), tok/s for whole
            blocks and the verify cut, and mlx_lm's generate_step on the same weights.
@@ -286,6 +291,61 @@ def pieces_part(rt: Any, ctx: int, iters: int) -> dict:
         out[f"T{T}"] = row
     out["layers"], out["ctx"] = len(layers), ctx
     out["attention_kernel"] = cuda_attention.state()
+    return out
+
+
+def split_part(rt: Any, ctx: int, iters: int) -> dict:
+    """A verify forward taken apart (see the module docstring): ms, median of `iters`."""
+    from engine.cycle import prefill
+    from engine.targets.base import cache_arrays
+
+    target, taps_ids = rt.target, rt.draft.args.target_layer_ids
+    cache = target.make_cache()
+    prefill(target, cache, [(7 * i + 11) % 1000 + 100 for i in range(ctx)], 512)
+    hidden = target.inner.norm.weight.shape[0]
+    dtype = target.inner.norm.weight.dtype
+    every, target.launch_every = target.launch_every, 0  # one evaluation per call
+    out: dict = {"ctx": ctx}
+
+    def verify(T: int, last_only: bool = False) -> Callable[[], list]:
+        ids = mx.array([[(13 * j + 5) % 1000 + 100 for j in range(T)]])
+
+        def run() -> list:
+            target.begin_verify(cache)
+            logits, taps = target.forward(ids, cache, taps_ids, last_only=last_only)
+            return [mx.argmax(logits[0], axis=-1), taps, cache_arrays(cache)]
+        return run
+
+    def model_call(T: int) -> Callable[[], list]:
+        ids = mx.array([[(13 * j + 5) % 1000 + 100 for j in range(T)]])
+        return lambda: [mx.argmax(rt.model(ids, cache=cache)[0], axis=-1), cache_arrays(cache)]
+
+    def head(T: int) -> Callable[[], list]:
+        h = mx.random.normal((1, T, hidden)).astype(dtype)
+        mx.eval(h)
+        return lambda: [mx.argmax(target.lm_head(target.inner.norm(h))[0], axis=-1)]
+
+    cases = {f"forward_T{T}": verify(T) for T in (16, 1)}
+    cases["forward_T16_head_last_row"] = verify(16, last_only=True)
+    cases.update({f"head_T{T}": head(T) for T in (16, 1)})
+    cases.update({f"mlx_lm_model_T{T}": model_call(T) for T in (16, 1)})
+    for name, build in cases.items():
+        walls, device = [], []
+        for i in range(iters + 2):
+            start = time.perf_counter()
+            outputs = build()
+            built = time.perf_counter()
+            mx.eval(outputs)
+            end = time.perf_counter()
+            if i >= 2:  # the first two build kernels
+                walls.append(end - start)
+                device.append(end - built)
+            if name.startswith(("forward", "mlx_lm")):
+                T = 1 if name.endswith("T1") else 16
+                target.rollback(cache, keep=0, verified=T)
+                mx.eval(cache_arrays(cache))
+        out[name] = {"wall": ms(walls), "eval_after_build": ms(device)}
+    target.launch_every = every
     return out
 
 
@@ -657,6 +717,8 @@ def main() -> int:
             guarded(row, "forward", budget, forward_part, rt, 32 if args.small else 300, iters)
         if "pieces" in parts:
             guarded(row, "pieces", budget, pieces_part, rt, 32 if args.small else 300, iters)
+        if "split" in parts:
+            guarded(row, "split", budget, split_part, rt, 32 if args.small else 300, iters)
         if "host" in parts:  # before the cycle part: the budget skipped it twice after it
             launch = {"on": True, "off": False}.get(args.host_launch, backend != "cpu")
             guarded(row, "host", budget, host_part, rt, 32 if args.small else 300,

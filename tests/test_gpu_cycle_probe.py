@@ -18,7 +18,7 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cycle_probe.py"), "--small",
                     "--out", str(out), "--model", str(target), "--draft", str(draft),
-                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,pieces,cycle"],
+                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,pieces,split,cycle"],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     report = json.loads(out.read_text())
     assert report["backend"] == "cpu" and report["env"]["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
@@ -33,6 +33,11 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
                                   "attention_mlx", "o_proj", "mlp"}
     assert all(t["median_ms"] > 0 for t in pieces["T1"].values())
     assert pieces["attention_kernel"] == "mlx"  # a CPU
+    split = row["split"]
+    assert set(split) == {"ctx", "forward_T16", "forward_T1", "forward_T16_head_last_row",
+                          "head_T16", "head_T1", "mlx_lm_model_T16", "mlx_lm_model_T1"}
+    assert all(t["wall"]["n"] == report["settings"]["iters"] and t["wall"]["median_ms"] > 0
+               for k, t in split.items() if k != "ctx")
     cycle = row["cycle"]["prompt0"]
     assert cycle["wholeblock"]["first_mismatch"] is None  # float32: plain greedy, bit for bit
     assert set(cycle["profiled_wholeblock_ms_per_cycle"]) == {"draft", "verify", "rollback"}
