@@ -17,8 +17,10 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
 MAX_BRANCH_CHOICES = 8
-# --stream-verify auto's layer count on CUDA (the one measured on the H200)
-GPU_STREAM_EVERY = 6
+# --stream-verify auto's layer count on CUDA: the oracle-4 A/B on the H200 (benchmarks/stage33/)
+# cost fewer plain steps a cycle at 2-4 than at 6, whose last chunk the device runs after the
+# host has built everything
+GPU_STREAM_EVERY = 4
 
 
 @dataclass
