@@ -116,9 +116,16 @@
 #            SOLO=1 PART=train LR=5e-5 TRAIN_S=440 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" (one
 #            whole schedule in one call, 1,819 steps on 109,252 distinct sequences; not shipped:
 #            held-out 4.13 -> 4.19, the suites level)
-#   next: three sessions' answers (stage 32: 109K distinct sequences) left the suites level,
-#            as stage 21's five layers on 161K did; gen-30-0, gen-31-0 and gen-32-0 are in
-#            ~/.cache/dflash-chat/train-data/stage3{0,1,2}/ if the cache kept them. Make each
+#   stage 33 (one H200): the GGUF, train_prompts, gen-30-0, gen-31-0, gen-32-0.npz and
+#            draft32.tar staged; SEED=33 PART=gen GEN_GPUS=0 GEN_S=240 NUM_PROMPTS=129000
+#            (19,648 answers: slice 0/2's real prompts are used up, Magpie filled the time),
+#            then SOLO=1 PART=train INIT=/root/stash/files/draft32.tar LR=4e-5 TRAIN_S=400
+#            PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" (2,101 steps on 128,817 distinct
+#            sequences; not shipped: held-out flat, the suites level)
+#   next: answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
+#            distinct sequences) left the suites level, as stage 21's five layers on 161K did;
+#            gen-30-0 to gen-33-0 are in ~/.cache/dflash-chat/train-data/stage3{0,1,2,3}/ if
+#            the cache kept them. Make each
 #            training call one whole schedule, so a machine lost between calls costs nothing;
 #            each call's files stay under its own files_at (copy them after the last call).
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
