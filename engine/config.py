@@ -17,6 +17,9 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
 MAX_BRANCH_CHOICES = 8
+# --copy-odds auto's odds where the verify cut is on (the CPU's default: the cut already reads
+# the draft's distributions on the host, so the copy adds no sync there)
+CPU_COPY_ODDS = 0.1
 # --stream-verify auto's layer count on CUDA: the oracle-4 A/B on the H200 (benchmarks/stage33/)
 # cost fewer plain steps a cycle at 2-4 than at 6, whose last chunk the device runs after the
 # host has built everything
@@ -101,9 +104,11 @@ class DFlashConfig:
     # Finish greedy one-row draft proposals from the context (engine/cycle.py:
     # copied_proposal): slot by slot, the token that followed the longest earlier n-gram the
     # context and the block so far end with replaces the draft's top token where the draft
-    # gives it at least these odds of that token's probability. None: off. Lossless: the
-    # target verifies every proposal.
-    copy_odds: float | None = None
+    # gives it at least these odds of that token's probability. "auto": CPU_COPY_ODDS on CPU
+    # with the verify cut on (the 2-core CPU gained tokens/cycle at no cost in speed there:
+    # benchmarks/stage33/), off otherwise (on whole blocks it adds a host sync per cycle; GPUs
+    # have not measured it). None: off. Lossless: the target verifies every proposal.
+    copy_odds: float | str | None = "auto"
     # A second draft pass per proposal (engine/cycle.py: refined_logits): the block again with
     # the leading drafts the draft gives at least this probability in place of their masks,
     # and the later slots predicted anew, seeing them. Drafts trained with --prefix-share
@@ -190,10 +195,11 @@ class DFlashConfig:
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
         co = self.copy_odds
-        if co is not None and not in_unit_interval(co):
+        if co not in ("auto", None) and not in_unit_interval(co):
             raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
                               "token replaces the draft's where the draft gives it at least "
-                              "that share of its top token's probability), or None (off)")
+                              "that share of its top token's probability), 'auto' or None "
+                              "(off)")
         r = self.refine
         if r is not None and not in_unit_interval(r):
             raise ConfigError(f"refine={r!r}: use a probability in (0, 1], e.g. 0.7 (the "
@@ -225,6 +231,13 @@ class DFlashConfig:
         if self.prefetch_draft == "auto":
             return backend == "cuda"
         return bool(self.prefetch_draft)
+
+    def copy_odds_for(self, backend: str, min_confidence: float | None) -> float | None:
+        """The copy's odds on a backend with the verify cut in effect, "auto" resolved; None:
+        off."""
+        if self.copy_odds == "auto":
+            return CPU_COPY_ODDS if backend == "cpu" and min_confidence is not None else None
+        return self.copy_odds  # type: ignore[return-value]
 
     def stream_every_for(self, backend: str) -> int | None:
         """Every how many layers a forward's work is queued on a backend; None: at its end."""
@@ -286,11 +299,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a long lookup match's repeat (a loop) fills a verify of up to N "
                         "tokens, past the draft's block, e.g. 64 (default off: the block's "
                         "size; no faster on a 2-core CPU)")
-    p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
+    p.add_argument("--copy-odds", type=copy_odds_arg, default="auto", metavar="auto|P|off",
                    help="finish greedy draft proposals from the context: slot by slot, the "
                         "token that followed the longest earlier n-gram the reply so far "
                         "ends with replaces the draft's where the draft gives it at least P "
-                        "times its top token's probability (default off)")
+                        f"times its top token's probability; 'auto' (default): {CPU_COPY_ODDS} "
+                        "on CPU with the verify cut on, off otherwise")
     p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
                    help="a second draft pass: the leading drafts the draft gives at least "
                         "probability P are shown to it in place of their masks and the rest "
@@ -429,9 +443,9 @@ def _count_or_off(text: str, least: int, what: str) -> int | None:
     return int(text)
 
 
-def copy_odds_arg(text: str) -> float | None:
-    """argparse type for --copy-odds: odds in (0, 1], or 'off'."""
-    return _auto_off_or(text, float, in_unit_interval, "odds in (0, 1], e.g. 0.1", auto=False)
+def copy_odds_arg(text: str) -> float | str | None:
+    """argparse type for --copy-odds: odds in (0, 1], 'auto' or 'off'."""
+    return _auto_off_or(text, float, in_unit_interval, "odds in (0, 1], e.g. 0.1")
 
 
 def refine_arg(text: str) -> float | None:

@@ -78,7 +78,7 @@ class DFlashRuntime:
                                               self.min_confidence))
         # Greedy one-row draft proposals finished from the context: not trees, not pipelined,
         # and not sharded (each rank would read its own draft's rounding, as with the cut)
-        self.copy_odds = (self.config.copy_odds
+        self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
                           if not (self.branches or self.pipeline or lockstep is not None) else None)
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = ((self.config.stream_every_for(backend) or 0)

@@ -10,7 +10,7 @@ from test_cycle_sync import load, reads_per_cycle
 from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig
-from engine.config import add_engine_args, config_from_args
+from engine.config import CPU_COPY_ODDS, add_engine_args, config_from_args
 from engine.cycle import DraftProposer, copied_proposal, speculative_decode
 from engine.draft_head import DraftHead
 from engine.errors import ConfigError
@@ -111,6 +111,31 @@ def test_the_copy_setting_is_checked_and_has_a_flag():
 
     p = argparse.ArgumentParser()
     add_engine_args(p)
-    assert config_from_args(p.parse_args([])).copy_odds is None
+    assert config_from_args(p.parse_args([])).copy_odds == "auto"
     assert config_from_args(p.parse_args(["--copy-odds", "0.1"])).copy_odds == 0.1
     assert config_from_args(p.parse_args(["--copy-odds", "off"])).copy_odds is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["--copy-odds", "often"])
+
+
+def test_auto_copies_where_the_cut_already_reads_the_draft():
+    """'auto' turns the copy on only where it adds no host sync: a CPU with the verify cut
+    on (its default); whole blocks and GPUs keep one read per cycle."""
+    auto = DFlashConfig()
+    assert auto.copy_odds == "auto"
+    assert auto.copy_odds_for("cpu", auto.min_confidence("cpu")) == CPU_COPY_ODDS
+    assert auto.copy_odds_for("cpu", None) is None
+    assert auto.copy_odds_for("cuda", auto.min_confidence("cuda")) is None
+    assert auto.copy_odds_for("cuda", 0.4) is None
+    assert DFlashConfig(copy_odds=0.3).copy_odds_for("cuda", None) == 0.3
+    assert DFlashConfig(copy_odds=None).copy_odds_for("cpu", 0.4) is None
+
+
+def test_the_cpu_default_copies_and_stays_plain_greedy(tiny_pairs):
+    rt = load(tiny_pairs, "llama", min_draft_confidence="auto")
+    assert rt.describe()["copy_odds"] == CPU_COPY_ODDS  # the tests run on a CPU
+    ids = rt.encode("one two three one two three one")
+    assert rt.generate(ids, max_tokens=60, no_eos=True).tokens == plain_greedy(rt.model, ids,
+                                                                                60)
+    whole = load(tiny_pairs, "llama", min_draft_confidence=None)
+    assert whole.describe()["copy_odds"] is None

@@ -18,7 +18,8 @@ def test_probe_small_run_writes_every_part(tiny_pairs, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cycle_probe.py"), "--small",
                     "--out", str(out), "--model", str(target), "--draft", str(draft),
-                    "--precisions", "float32,q-bfloat16", "--parts", "sdpa,forward,pieces,split,cycle"],
+                    "--precisions", "float32,q-bfloat16",
+                    "--parts", "sdpa,forward,pieces,split,cycle"],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     report = json.loads(out.read_text())
     assert report["backend"] == "cpu" and report["env"]["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
