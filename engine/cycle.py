@@ -114,7 +114,8 @@ def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: Contex
     draft's distributions (a host sync between draft and verify, as the verify cut's); the
     cut then reads the chosen tokens' probabilities. Lossless: the target verifies it.
     -> (verify input [1, <= size], whether the repeat was taken)."""
-    probs_d = mx.softmax(logits[0], axis=-1, precise=True)  # [n, K]
+    # float32 on the host: numpy has no bfloat16 (a bf16 draft's logits)
+    probs_d = mx.softmax(logits[0], axis=-1, precise=True).astype(mx.float32)  # [n, K]
     top_d = mx.argmax(probs_d, axis=-1)
     ids_d = head.token_ids(top_d)
     mx.eval(probs_d, top_d, ids_d)  # the cycle's read before its verify

@@ -80,6 +80,14 @@ def test_a_candidate_outside_the_heads_subset_is_not_proposed():
     assert copied_proposal(5, logits, head, copy, 0.01)[0].tolist() == [[5, 1]]  # 9 not in it
 
 
+def test_a_bfloat16_drafts_distributions_reach_the_host():
+    """numpy has no bfloat16: the copy reads a bf16 draft's distributions as float32."""
+    copy = copy_of([5, 9, 5])
+    head = DraftHead(target=None, ids=mx.array([1, 5, 9]))  # type: ignore[arg-type]
+    logits = mx.log(mx.array([[[0.5, 0.2, 0.3]]])).astype(mx.bfloat16)
+    assert copied_proposal(5, logits, head, copy, 0.5)[0].tolist() == [[5, 9]]  # 0.3 >= 0.25
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_copying_stays_plain_greedy(tiny_pairs, family):
     rt = load(tiny_pairs, family, copy_odds=0.05)

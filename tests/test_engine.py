@@ -88,7 +88,9 @@ def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkey
     choose_proposal = engine.cycle.choose_proposal
     monkeypatch.setattr(engine.cycle, "choose_proposal", counted)
     monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", odds)
-    rt = load(tiny_pairs, family, REPEATING, lookup_min_match=12, min_draft_confidence=cut)
+    # without the context copy (the CPU default with the cut), which chooses on its own
+    rt = load(tiny_pairs, family, REPEATING, lookup_min_match=12, min_draft_confidence=cut,
+              copy_odds=None)
     ids = rt.encode("one two three one two three four one two three one two")
     result = rt.generate(ids, max_tokens=120, no_eos=True)
     assert choices and set(choices) == {odds == 0.0}
