@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,6 +232,26 @@ def exported_symbols(path: Path) -> list[str]:
         if shndx != 0 and name:  # defined here, not imported
             names.append(strings[name:strings.index(b"\0", name)].decode())
     return names
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The OpenBLAS thread count of this process, read and set by OpenBLAS's own functions."""
+    get: Callable[[], int]
+    set: Callable[[int], None]
+
+
+def openblas_threads() -> Threads | None:
+    """OpenBLAS's thread-count functions as the global scope has them (the copy `load()`
+    loads, or a preloaded OpenBLAS); None where the process's BLAS is another."""
+    try:
+        scope = ctypes.CDLL(None)
+        get, set_ = scope.openblas_get_num_threads, scope.openblas_set_num_threads
+    except AttributeError:
+        return None
+    get.restype, get.argtypes = ctypes.c_int, []
+    set_.restype, set_.argtypes = None, [ctypes.c_int]
+    return Threads(get, set_)
 
 
 def _global_sgemm() -> ctypes._CFuncPtr | None:

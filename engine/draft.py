@@ -15,6 +15,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from . import blas
 from .device import current
 from .kernels import cpu_linear, cpu_swiglu
 from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
@@ -292,6 +293,21 @@ class DFlashDraft(nn.Module):
         (None: all of them)."""
         h = block_embeddings
         cpu = current() == "cpu"
-        for layer, c in zip(self.layers, cache):
-            h = layer(h, c, start, cpu, context_mask)
+        aside = self._blas_aside() if cpu and h.shape[0] * h.shape[1] <= cpu_linear.MAX_ROWS \
+            else None
+        threads = aside.get() if aside is not None else 1
+        if threads > 1:
+            aside.set(1)  # OpenBLAS's workers would spin on the kernel's cores
+        try:
+            for layer, c in zip(self.layers, cache):
+                h = layer(h, c, start, cpu, context_mask)
+        finally:
+            if threads > 1:
+                aside.set(threads)
         return self.norm(h)
+
+    def _blas_aside(self) -> blas.Threads | None:
+        """cpu_linear.blas_aside for this draft's weights, looked up once."""
+        if "_aside" not in self.__dict__:
+            self.__dict__["_aside"] = cpu_linear.blas_aside(self.fc.weight)
+        return self.__dict__["_aside"]

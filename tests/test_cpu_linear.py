@@ -4,6 +4,11 @@ where it does not fit, and the engine's output with it stays the target's greedy
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -126,3 +131,57 @@ def test_a_kernel_that_computes_wrong_products_is_not_used(monkeypatch, tmp_path
     x = mx.random.normal((1, 16, 576))
     q = nn.Linear(576, 576, bias=False)
     assert mx.array_equal(cpu_linear.linear(x, q), q(x))
+
+
+
+ONE_THREAD_CHECK = """
+import json, sys
+import engine  # first: the OpenBLAS copy goes into the process before MLX
+import mlx.core as mx
+from engine import DFlashConfig, DFlashRuntime, blas
+from engine.kernels import cpu_linear
+threads = blas.openblas_threads()
+before = threads.get() if threads else 0
+rt = DFlashRuntime.from_pretrained(model=sys.argv[1], draft=sys.argv[2],
+                                   config=DFlashConfig(min_draft_confidence=None))
+seen = []
+products = cpu_linear.products
+def spy(*args, **kwargs):
+    seen.append(threads.get())
+    return products(*args, **kwargs)
+cpu_linear.products = spy
+report = {"before": before, "aside": rt.target.blas_aside is not None}
+target, draft = rt.target, rt.draft
+cache = target.make_cache()
+for name, run in (("prefill", lambda: target.forward(mx.array([list(range(3, 43))]), cache, [])),
+                  ("verify", lambda: target.forward(mx.array([list(range(3, 19))]), cache, [])),
+                  ("draft", lambda: draft(target.embed(mx.array([list(range(3, 19))])),
+                                          draft.make_cache()))):
+    seen.clear()
+    mx.eval(run())
+    report[name] = sorted(set(seen))
+    report[name + "_after"] = threads.get()
+print(json.dumps(report))
+"""
+
+
+def test_forwards_through_the_kernel_run_openblas_on_one_thread(tiny_pairs):
+    """OpenBLAS's workers spin after each multithreaded call and would take the kernel's
+    cores: the target's and the draft's forwards of a few rows set it to one thread while they
+    run and restore its count after; prefill-sized forwards keep it. In a fresh process, where
+    the engine loads its OpenBLAS before MLX (with two threads, as on a 2-core machine)."""
+    kernel()
+    target, draft = tiny_pairs("llama")
+    env = {**os.environ, cpu_native.ENV: "on", "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", ONE_THREAD_CHECK, str(target), str(draft)],
+                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["before"] == 2 and report["aside"]
+    assert report["prefill"] == [] and report["prefill_after"] == 2  # the BLAS's own GEMMs
+    assert report["verify"] == [1] and report["verify_after"] == 2
+    assert report["draft"] == [1] and report["draft_after"] == 2
+    env[cpu_native.ENV] = "off"
+    out = subprocess.run([sys.executable, "-c", ONE_THREAD_CHECK, str(target), str(draft)],
+                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not report["aside"] and report["verify"] == [] and report["verify_after"] == 2

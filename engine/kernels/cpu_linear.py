@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .. import blas
 from ..device import current
 from .cpu_native import Kernel, mode
 
@@ -101,6 +102,17 @@ def fits(x: mx.array, weight: mx.array) -> bool:
     lib = library()
     return lib is not None and (on == "on" or (weight.size >= MIN_WEIGHT
                                                and bool(lib.dflash_linear_avx512())))
+
+
+def blas_aside(weight: mx.array | None) -> blas.Threads | None:
+    """OpenBLAS's thread controls for a model whose products of a few rows the kernel takes
+    (`fits` for its `weight`); None for any other. Its forwards of up to MAX_ROWS rows then
+    run OpenBLAS's own calls (the attention's matmuls) on one thread: OpenBLAS's workers spin
+    after each multithreaded call and take the cores the kernel's pool needs, more so as the
+    context grows (benchmarks/stage33/cpu-forward-ctx-*-cpu.json)."""
+    if weight is None or not fits(mx.zeros((1, weight.shape[-1]), mx.float32), weight):
+        return None
+    return blas.openblas_threads()
 
 
 def linears(x: mx.array, layers: Sequence[nn.Module]) -> list[mx.array]:

@@ -61,6 +61,11 @@ def cache_arrays(*caches: list[Any]) -> list[mx.array]:
     return out
 
 
+def first_linear_weight(module: nn.Module) -> mx.array | None:
+    """The weight of the first plain nn.Linear inside `module` (None if it has none)."""
+    return next((m.weight for _, m in module.named_modules() if type(m) is nn.Linear), None)
+
+
 class TargetAdapter:
     """Runs a target with tapped features; knows how to roll its caches back.
 
@@ -83,6 +88,10 @@ class TargetAdapter:
         self.args = text_args(model)
         self.layers = list(self.inner.layers)
         self.on_cpu = current() == "cpu"
+        # Forwards of a few rows whose products go through cpu_linear.c run OpenBLAS on one
+        # thread (cpu_linear.blas_aside); None: they leave it as it is
+        self.blas_aside = cpu_linear.blas_aside(first_linear_weight(self.layers[0])
+                                                if self.on_cpu and self.layers else None)
 
     @classmethod
     def build(cls, model: nn.Module, **options: Any) -> TargetAdapter:
@@ -231,19 +240,28 @@ class TargetAdapter:
         A tap of layer l is the output of decoder layer l (before the final norm).
         `last_only` computes logits for the last position only (prefill chunks).
         """
-        h = self.inner.embed_tokens(tokens)
-        masks = self._masks(h, cache)
-        wanted = set(tap_ids)
-        outputs: dict[int, mx.array] = {}
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            h = self._layer_forward(i, layer, h, masks, c)
-            if i in wanted:
-                outputs[i] = h
-            if self.launch_every and (i + 1) % self.launch_every == 0 and i + 1 < len(self.layers):
-                mx.async_eval(h)
-        if last_only:
-            h = h[:, -1:]
-        logits = self.lm_head(self.inner.norm(h))
+        aside = self.blas_aside if tokens.size <= cpu_linear.MAX_ROWS else None
+        threads = aside.get() if aside is not None else 1
+        if threads > 1:
+            aside.set(1)  # type: ignore[union-attr]
+        try:
+            h = self.inner.embed_tokens(tokens)
+            masks = self._masks(h, cache)
+            wanted = set(tap_ids)
+            outputs: dict[int, mx.array] = {}
+            for i, (layer, c) in enumerate(zip(self.layers, cache)):
+                h = self._layer_forward(i, layer, h, masks, c)
+                if i in wanted:
+                    outputs[i] = h
+                if (self.launch_every and (i + 1) % self.launch_every == 0
+                        and i + 1 < len(self.layers)):
+                    mx.async_eval(h)
+            if last_only:
+                h = h[:, -1:]
+            logits = self.lm_head(self.inner.norm(h))
+        finally:
+            if threads > 1:
+                aside.set(threads)  # type: ignore[union-attr]
         taps = [outputs[i] for i in tap_ids]
         feats = mx.concatenate(taps, axis=-1) if taps else h[..., :0]
         return logits, feats
