@@ -240,6 +240,15 @@ class Threads:
     get: Callable[[], int]
     set: Callable[[int], None]
 
+    def single_thread(self) -> int:
+        """Run OpenBLAS on the calling thread alone -> the count to `set` back after (0: it
+        already ran on one, nothing to restore)."""
+        count = self.get()
+        if count <= 1:
+            return 0
+        self.set(1)
+        return count
+
 
 def openblas_threads() -> Threads | None:
     """OpenBLAS's thread-count functions as the global scope has them (the copy `load()`

@@ -295,15 +295,13 @@ class DFlashDraft(nn.Module):
         cpu = current() == "cpu"
         aside = self._blas_aside() if cpu and h.shape[0] * h.shape[1] <= cpu_linear.MAX_ROWS \
             else None
-        threads = aside.get() if aside is not None else 1
-        if threads > 1:
-            aside.set(1)  # OpenBLAS's workers would spin on the kernel's cores
+        restore = aside.single_thread() if aside is not None else 0  # cpu_linear.blas_aside
         try:
             for layer, c in zip(self.layers, cache):
                 h = layer(h, c, start, cpu, context_mask)
         finally:
-            if threads > 1:
-                aside.set(threads)
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         return self.norm(h)
 
     def _blas_aside(self) -> blas.Threads | None:

@@ -241,9 +241,7 @@ class TargetAdapter:
         `last_only` computes logits for the last position only (prefill chunks).
         """
         aside = self.blas_aside if tokens.size <= cpu_linear.MAX_ROWS else None
-        threads = aside.get() if aside is not None else 1
-        if threads > 1:
-            aside.set(1)  # type: ignore[union-attr]
+        restore = aside.single_thread() if aside is not None else 0
         try:
             h = self.inner.embed_tokens(tokens)
             masks = self._masks(h, cache)
@@ -260,8 +258,8 @@ class TargetAdapter:
                 h = h[:, -1:]
             logits = self.lm_head(self.inner.norm(h))
         finally:
-            if threads > 1:
-                aside.set(threads)  # type: ignore[union-attr]
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         taps = [outputs[i] for i in tap_ids]
         feats = mx.concatenate(taps, axis=-1) if taps else h[..., :0]
         return logits, feats
