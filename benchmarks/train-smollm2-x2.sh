@@ -159,7 +159,10 @@
 #               flags (e.g. "--depth 5": INIT grown by identity layers)
 #   PART=resume continue a paused PART=train run (PAUSE again to split it further)
 #   PART=more   continue /root/draft with its optimizer state for MORE_S more seconds
-#   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile)
+#   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile), with
+#               TRAIN_ARGS too
+# SOLO=1 runs (and more1) stop TAIL_S (default 150) seconds after their TRAIN_S / MORE_S: the
+# final validation's time (more with --anchor-peek, which checks every depth)
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU (each timing
 #               PROFILE steps' phases, default 10, into its log's step_profile): a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
@@ -216,7 +219,7 @@ once_more() {  # once_more LOG CMD...: CMD > LOG, and again if it failed in its 
 }
 solo() {  # solo SECONDS LOG ARGS...: one training process on GPU ${SOLO_GPU:-0}
   local s=$1 log=$2; shift 2
-  CUDA_VISIBLE_DEVICES=${SOLO_GPU:-0} MLX_ENABLE_TF32=1 once_more "$log" timeout $(( s + 150 )) \
+  CUDA_VISIBLE_DEVICES=${SOLO_GPU:-0} MLX_ENABLE_TF32=1 once_more "$log" timeout $(( s + ${TAIL_S:-150} )) \
     python3 -m engine.train "$@" --train-seconds "$s"
   grep -v "^ *$" "$log" | tail -n 20
 }
@@ -290,7 +293,8 @@ more)
 more1)
   rm -rf /root/init && cp -r /root/draft /root/init
   solo ${MORE_S:-300} /root/more.log "${common[@]}" "${train_args[@]}" $(data_args) \
-    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2
+    --init /root/init --lr ${LR_MORE:-1.5e-4} --out /root/draft --state-dir /root/state2 \
+    ${TRAIN_ARGS:-}
   pack ;;
 ab)  # two variants from INIT side by side on the same data, one per GPU, AB_S seconds each:
      # a keeps the draft's taps, b adds target layers (TAPS_B, a list holding INIT's taps)

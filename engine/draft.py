@@ -50,6 +50,10 @@ class DraftArgs:
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     attention_bias: bool = False
+    # Taps (from the first) of the anchor token itself the draft sees: the engine runs the
+    # target's first layers on the anchor before each draft forward (0: the published
+    # recipe, context strictly before the anchor)
+    anchor_peek: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +104,7 @@ class DraftArgs:
             layer_types=config.get("layer_types"),
             sliding_window=config.get("sliding_window"),
             attention_bias=bool(config.get("attention_bias", False)),
+            anchor_peek=int(dflash.get("anchor_peek", 0)),
         )
 
     def to_config(self) -> dict:
@@ -129,6 +134,8 @@ class DraftArgs:
                 "mask_token_id": self.mask_token_id,
             },
         }
+        if self.anchor_peek:
+            cfg["dflash_config"]["anchor_peek"] = self.anchor_peek
         if self.layer_types:
             cfg["layer_types"] = self.layer_types
             cfg["sliding_window"] = self.sliding_window

@@ -130,6 +130,9 @@ class TrainConfig:
     repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
     prefix_share: float = 0.0  # blocks that show their first slots' tokens (show_prefixes)
     max_prefix: int = 4  # at most this many shown slots
+    # each block sees its anchor through a peek depth drawn from these (`Batch.peek`); the
+    # draft's engine depth (DraftArgs.anchor_peek) is the largest; () off
+    anchor_peek: list[int] = field(default_factory=list)
 
     @property
     def gamma(self) -> float:
@@ -296,16 +299,19 @@ def _progress(enabled: bool):
 
 
 def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: TrainConfig,
-             weights: mx.array) -> dict:
+             weights: mx.array, peek: int | None = None) -> dict:
     """Loss and simulated tokens/cycle on held-out sequences (fixed anchors: comparable);
     `novel_tokens_per_cycle` over the blocks whose first label repeats no earlier 4-gram
-    (where a decode's suffix lookup cannot take over from the draft)."""
+    (where a decode's suffix lookup cannot take over from the draft). Blocks peek at their
+    anchor through `peek` taps (default: the draft's `anchor_peek`)."""
+    peek = draft.args.anchor_peek if peek is None else peek
     rng = np.random.default_rng(1234)
     tpc_sum, blocks, loss_sum, n = 0.0, 0, 0.0, 0
     novel_sum, novel_blocks = 0.0, 0
     for i in range(0, len(val), cfg.batch):
         batch = make_batch(val, range(i, min(i + cfg.batch, len(val))), cfg.anchors,
-                           cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True)
+                           cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True,
+                           peek_depths=[peek] if peek else ())
         taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
         logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
         s, b = tokens_per_cycle(logits, batch)
@@ -322,11 +328,14 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
             "novel_blocks": novel_blocks}
 
 
-def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset) -> float:
+def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset,
+                          peek: int | None = None) -> float:
     """Tokens/cycle of the greedy decode each held-out answer would get, averaged over answers
     as the benchmark averages its runs. The anchor mean of `validate` overstates it: a
-    decode's cycles start after misses, where the draft does worst."""
-    walks = [simulate_answer(draft, target, seq, plen)["walk"]
+    decode's cycles start after misses, where the draft does worst. `peek` as in
+    `validate`."""
+    peek = draft.args.anchor_peek if peek is None else peek
+    walks = [simulate_answer(draft, target, seq, plen, peek)["walk"]
              for seq, plen in zip(val.sequences, val.prompt_lens)]
     walks = [w for w in walks if w is not None]
     return sum(walks) / max(len(walks), 1)
@@ -497,6 +506,13 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         # Start the output norm at the target's final norm: the draft's hidden states feed
         # the target's lm_head, so this begins with logits on the target's scale.
         draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
+    if cfg.anchor_peek:
+        if max(cfg.anchor_peek) > len(draft.args.target_layer_ids):
+            raise ConfigError(f"--anchor-peek {max(cfg.anchor_peek)}: the draft has only "
+                              f"{len(draft.args.target_layer_ids)} taps")
+        if cfg.init and draft.args.anchor_peek != max(cfg.anchor_peek):
+            say(f"anchor peek {draft.args.anchor_peek} -> {max(cfg.anchor_peek)} taps")
+        draft.args.anchor_peek = max(cfg.anchor_peek)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
@@ -568,7 +584,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
                                mark_repeats=cfg.repeat_weight < 1,
-                               prefix_share=cfg.prefix_share, max_prefix=cfg.max_prefix)
+                               prefix_share=cfg.prefix_share, max_prefix=cfg.max_prefix,
+                               peek_depths=cfg.anchor_peek)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
@@ -664,6 +681,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log["final_val"] = {"set": val_name, **final}
     log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
+    for depth in sorted(set(cfg.anchor_peek) - {draft.args.anchor_peek}):
+        # the other depths trained, on the same anchors: which one pays for its layers
+        v = validate(draft, target, val_set, cfg, weights, depth)
+        v["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set, depth)
+        log.setdefault("final_val_peek", {})[str(depth)] = v
+        say(f"peek {depth}: val tokens/cycle {v['tokens_per_cycle']:.2f} (novel "
+            f"{v['novel_tokens_per_cycle']:.2f}, decode walk "
+            f"{v['walk_tokens_per_cycle']:.2f})")
     _write_log(log, log_path, step, total, gen_s, log_start, t0)
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (novel "
         f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
@@ -826,6 +851,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "confident first tokens) learns to finish a word it knows the start of")
     p.add_argument("--max-prefix", type=_prefix_length, default=d.max_prefix, metavar="J",
                    help="the most slots a --prefix-share block shows (1..8)")
+    p.add_argument("--anchor-peek", type=_depths, default=d.anchor_peek, metavar="D,...",
+                   help="each block also sees its anchor token through the target's first D "
+                        "taps, D drawn per block from the list (e.g. 0,1,2); the saved draft "
+                        "asks the engine for the largest (the target's first layers run on "
+                        "the anchor before each draft forward); validation reports each D")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
@@ -850,6 +880,17 @@ _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 _strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
 _prefix_length = _number_in(1, 8, "a whole number from 1 to 8, e.g. 4", int)
+
+
+def _depths(text: str) -> list[int]:
+    """--anchor-peek's list of tap counts (whole numbers >= 0)."""
+    try:
+        depths = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        depths = [-1]
+    if not depths or depths[0] < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give tap counts >= 0, e.g. 0,1,2")
+    return depths
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:

@@ -26,17 +26,19 @@ class Batch:
     labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
     valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
     repeats: mx.array | None = None  # [N, A, B-1] 1 where the label ends a repeated 4-gram
+    peek: mx.array | None = None  # [N, A] taps of its own anchor each block sees (0: none)
 
 
 def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
                mask_id: int, rng: np.random.Generator, pad_to: int = 32,
                mark_repeats: bool = False, prefix_share: float = 0.0,
-               max_prefix: int = 0) -> Batch:
+               max_prefix: int = 0, peek_depths: Sequence[int] = ()) -> Batch:
     """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
     short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
     a response shorter than that repeats its first anchor with no loss. `mark_repeats`
     fills `Batch.repeats` (`repeated_positions`); `prefix_share` of the blocks show their
-    first slots' tokens (`show_prefixes`)."""
+    first slots' tokens (`show_prefixes`); each block draws its anchor peek (`Batch.peek`,
+    `peek_context`) from `peek_depths`."""
     N = len(idx)
     most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
     A = max(1, min(n_anchors, -(-most // 8) * 8))
@@ -56,6 +58,9 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
     batch = anchored_batch(tokens, anchors, lengths, real, block_size, mask_id, mark_repeats)
     if prefix_share > 0 and max_prefix > 0:
         batch = show_prefixes(batch, rng, prefix_share, max_prefix)
+    if peek_depths:
+        batch = replace(batch, peek=mx.array(rng.choice(np.asarray(peek_depths), (N, A))
+                                             .astype(np.int32)))
     return batch
 
 
@@ -135,10 +140,11 @@ def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.
 
 
 def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
-                     mask: mx.array) -> mx.array:
+                     mask: mx.array, peek: tuple[mx.array, mx.array] | None = None) -> mx.array:
     """Every block's attention over its visible context (`mask`) and its own B slots, one
     softmax across both: the masked attention of the recipe without scoring each query
-    against every other block's slots."""
+    against every other block's slots. `peek` (`peek_context`'s features [N, A, H] and
+    which blocks see them [N, A]): one more context entry per block, at its anchor."""
     N, L, _ = x.shape
     A, hq, hkv, hd = L // B, attn.n_heads, attn.n_kv_heads, attn.head_dim
     g = hq // hkv  # query heads per KV head
@@ -151,26 +157,65 @@ def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.ar
     on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
     on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
     on_own = q.reshape(N, hkv, g, A, B, hd) @ k.reshape(N, hkv, 1, A, B, hd).swapaxes(-1, -2)
-    p = mx.softmax(mx.concatenate([on_ctx, on_own.reshape(N, hkv, g, L, B)], axis=-1),
-                   axis=-1, precise=True)
+    scores = [on_ctx, on_own.reshape(N, hkv, g, L, B)]
+    if peek is not None:
+        peek_k, peek_v = _peek_kv(attn, *peek, anchors)  # [N, hkv, A, hd] each
+        on_peek = q.reshape(N, hkv, g, A, B, hd) @ peek_k[:, :, None, :, :, None]
+        scores.append(mx.where(peek[1][:, None, None, :, None, None], on_peek, -mx.inf)
+                      .reshape(N, hkv, g, L, 1))
+    p = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1, precise=True)
     out = p[..., :T] @ ctx_v[:, :, None]
-    own = p[..., T:].reshape(N, hkv, g, A, B, B) @ v.reshape(N, hkv, 1, A, B, hd)
-    out = (out + own.reshape(N, hkv, g, L, hd)).reshape(N, hq, L, hd)
+    own = p[..., T:T + B].reshape(N, hkv, g, A, B, B) @ v.reshape(N, hkv, 1, A, B, hd)
+    out = out + own.reshape(N, hkv, g, L, hd)
+    if peek is not None:
+        seen = p[..., T + B:].reshape(N, hkv, g, A, B, 1) * peek_v[:, :, None, :, None, :]
+        out = out + seen.reshape(N, hkv, g, L, hd)
+    out = out.reshape(N, hq, L, hd)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
+def _peek_kv(attn: nn.Module, features: mx.array, seen: mx.array, anchors: mx.array
+             ) -> tuple[mx.array, mx.array]:
+    """K/V [N, hkv, A, hd] of each block's peek entry at its anchor's position, as
+    `DraftAttention.context_kv` caches a context entry there at inference."""
+    N, A, _ = features.shape
+    hkv, hd = attn.n_kv_heads, attn.head_dim
+    k = attn.k_norm(attn.k_proj(features).reshape(N * A, 1, hkv, hd).transpose(0, 2, 1, 3))
+    k = attn.rope(k, offset=anchors.reshape(-1))
+    k = k.reshape(N, A, hkv, hd).transpose(0, 2, 1, 3)
+    v = attn.v_proj(features).reshape(N, A, hkv, hd).transpose(0, 2, 1, 3)
+    return k, v
+
+
+def peek_context(draft: DFlashDraft, taps: mx.array, anchors: mx.array,
+                 depth: mx.array) -> mx.array:
+    """[N, A, H]: each block's anchor token as the target's first `depth` [N, A] taps see it,
+    the later taps zero, projected like any context entry. At inference those taps come
+    from the target's first layers run on the anchor alone before the draft
+    (`DraftArgs.anchor_peek`): the target has read the anchor, the draft otherwise only its
+    embedding."""
+    N, A = anchors.shape
+    n_taps = len(draft.args.target_layer_ids)
+    H = taps.shape[-1] // n_taps
+    at = mx.take_along_axis(taps, anchors[..., None], axis=1).reshape(N, A, n_taps, H)
+    keep = (mx.arange(n_taps)[None, None] < depth[..., None])[..., None]
+    return draft.project_context((at * keep).reshape(N, A, n_taps * H))
+
+
 def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
-                  mask: mx.array) -> mx.array:
+                  mask: mx.array, peek: mx.array | None = None) -> mx.array:
     """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
-    `context_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
+    `context_mask`, `peek` (`Batch.peek`) -> normed hidden states [N, A*B, H] (same as the
+    inference forward)."""
     if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
         raise NotImplementedError("training sliding-window draft layers is not supported")
     B = draft.args.block_size
     ctx = draft.project_context(taps)
+    seen = None if peek is None else (peek_context(draft, taps, anchors, peek), peek > 0)
     h = block_emb
     for layer in draft.layers:
         h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
-                                 mask)
+                                 mask, seen)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return draft.norm(h)
 
@@ -218,7 +263,8 @@ def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
     B = draft.args.block_size
     N, A = batch.anchors.shape
     mask = context_mask(batch.anchors, taps.shape[1], B)
-    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
+    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask,
+                           batch.peek)
     return hidden.reshape(N, A, B, -1)[:, :, 1:]
 
 
@@ -333,10 +379,10 @@ def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
 
 
 def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
-                prompt_len: int, chunk: int = 64) -> np.ndarray:
+                prompt_len: int, chunk: int = 64, peek: int = 0) -> np.ndarray:
     """The run (`block_runs`) of a block anchored at every response position of one sequence:
     entry a is the anchor at prompt_len + a (target features from one forward, as in
-    training)."""
+    training), each block peeking at its anchor through `peek` taps."""
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
     taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
@@ -345,6 +391,8 @@ def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
         anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
         batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
                                draft.args.block_size, draft.args.mask_token_id)
+        if peek:
+            batch = replace(batch, peek=mx.full(anchors.shape, peek, mx.int32))
         runs.append(np.array(block_runs(slot_logits(draft, target, batch, taps), batch)[0]))
     return np.concatenate(runs)
 
@@ -364,11 +412,11 @@ def walk_cycles(runs: Sequence[int], n: int) -> list[int]:
 
 
 def simulate_answer(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
-                    prompt_len: int) -> dict:
+                    prompt_len: int, peek: int = 0) -> dict:
     """Greedy acceptance on one answer, two ways: `anchor_mean` (1 + run over a block at every
     position) and `walk` (tokens/cycle of the cycles in `walk_cycles`, as a decode counts);
-    `anchor_runs` holds the run at every anchor."""
-    runs = anchor_runs(draft, target, seq, prompt_len)
+    `anchor_runs` holds the run at every anchor; `peek` as in `anchor_runs`."""
+    runs = anchor_runs(draft, target, seq, prompt_len, peek=peek)
     n = len(seq) - prompt_len
     cycles = walk_cycles(runs, n)
     return {"anchor_mean": float(1 + runs.mean()) if len(runs) else None,
