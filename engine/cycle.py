@@ -417,6 +417,9 @@ class DraftProposer:
     # A long match's repeat may fill a verify of up to this many tokens, past the block
     # (`repeat_count`); None: the block's size.
     lookup_span: int | None = None
+    # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
+    # sets them
+    target_cache: list[Any] = field(default_factory=list)
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -603,7 +606,20 @@ class DraftProposer:
         if logits is not None:
             return logits
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache))
+        if not self.draft.args.anchor_peek:
+            return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache))
+        seen = self.anchor_taps(staged)
+        return self.block_logits(block, lambda embedded: self.draft.peeking(embedded,
+                                                                            self.cache, seen))
+
+    def anchor_taps(self, staged: int) -> mx.array:
+        """The staged token's features [1, 1, n_taps * H] as a peeking draft sees them: the
+        target's first `anchor_peek` taps (its first layers run on the token alone), the
+        later ones zero."""
+        depth, taps = self.draft.args.anchor_peek, self.tap_ids
+        seen = self.target.peek(staged, self.target_cache, taps[:depth])
+        later = (len(taps) - depth) * (seen.shape[-1] // depth)
+        return mx.concatenate([seen, mx.zeros((1, 1, later), seen.dtype)], axis=-1)
 
     def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
@@ -629,6 +645,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     `stop_ids` is the last, and the caches then end just before that token: a recurrent
     state cannot be cut back later, and the next chat turn renders its own end-of-turn."""
     cache = target.make_cache() if cache is None else cache
+    proposer.target_cache = cache  # a peeking draft runs the target's first layers on them
     tap_ids = proposer.tap_ids
     position = len(prompt)
     last = prefill(target, cache, prompt, prefill_chunk, proposer)

@@ -274,8 +274,10 @@ class DFlashDraft(nn.Module):
     @property
     def can_prefetch(self) -> bool:
         """Whether a block can run before its context is settled (`__call__`'s `kept`): not
-        with sliding-window layers, whose window would count the unsettled positions."""
-        return all(layer.self_attn.window is None for layer in self.layers)
+        with sliding-window layers, whose window would count the unsettled positions, nor
+        when it peeks at its anchor (`peeking`), which needs the settled target caches."""
+        return (all(layer.self_attn.window is None for layer in self.layers)
+                and not self.args.anchor_peek)
 
     def __call__(self, block_embeddings: mx.array, cache: list[KVCache],
                  unsettled: int = 0, kept: mx.array | None = None) -> mx.array:
@@ -292,6 +294,20 @@ class DFlashDraft(nn.Module):
             start = start - unsettled + kept
             mask = mx.arange(cache[0].offset) < start
         return self.forward_at(block_embeddings, cache, start, mask)
+
+    def peeking(self, block_embeddings: mx.array, cache: list[KVCache],
+                anchor_taps: mx.array) -> mx.array:
+        """`__call__` for a draft that peeks at its anchor (`DraftArgs.anchor_peek`): the
+        anchor's features from the target's first `anchor_peek` taps [B, 1, n_taps * H] (the
+        later taps zero) as one more context entry at the anchor's position, for this
+        forward only."""
+        start = cache[0].offset
+        self.append_context(anchor_taps, cache)
+        try:
+            return self.forward_at(block_embeddings, cache, start)
+        finally:
+            for c in cache:
+                c.trim(1)
 
     def forward_at(self, block_embeddings: mx.array, cache: list[KVCache],
                    start: int | mx.array, context_mask: mx.array | None = None) -> mx.array:

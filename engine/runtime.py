@@ -57,6 +57,11 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
+        if draft is not None and draft.args.anchor_peek and not self.target.can_peek:
+            raise ConfigError(f"this draft peeks at its anchor (anchor_peek "
+                              f"{draft.args.anchor_peek}) through the target's first layers, "
+                              "which a sharded target cannot run alone. Fix: run it unsharded, "
+                              "or pick a draft without anchor_peek in its config.json.")
         backend = device.current()  # each knob's "auto" resolves for it
         self.min_confidence = self.config.min_confidence(backend)
         if lockstep is not None:

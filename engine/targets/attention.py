@@ -129,6 +129,27 @@ class AttentionAdapter(TargetAdapter):
             c.update_and_fetch(*view.row(row))
         self._rows = []
 
+    @property
+    def can_peek(self) -> bool:
+        return self.lockstep is None
+
+    def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
+        depth = max(tap_ids) + 1
+        restore = self.blas_aside.single_thread() if self.blas_aside is not None else 0
+        try:
+            h = self.inner.embed_tokens(mx.array([[token]]))
+            masks = self._masks(h, cache)
+            outputs = {}
+            for i in range(depth):
+                h = self._layer_forward(i, self.layers[i], h, masks, cache[i])
+                outputs[i] = h
+        finally:
+            if restore:
+                self.blas_aside.set(restore)  # type: ignore[union-attr]
+        for c in cache[:depth]:
+            c.trim(1)  # the verify writes the token's entries again, after every layer
+        return mx.concatenate([outputs[i] for i in tap_ids], axis=-1)
+
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward each (compiled_verify.py;
         0: off); -> whether they will be (plain causal attention layers only, not sharded).

@@ -187,6 +187,17 @@ class TargetAdapter:
         caches, as a one-row verify of it would have."""
         raise NotImplementedError
 
+    @property
+    def can_peek(self) -> bool:
+        """Whether `peek` can run (families whose caches roll back by trimming)."""
+        return False
+
+    def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
+        """`token`'s tapped features [1, 1, len(tap_ids) * H] after the cache's tokens,
+        through the first layers only (up to the last of `tap_ids`); the caches end as they
+        were. What a draft that peeks at its anchor (DraftArgs.anchor_peek) sees of it."""
+        raise NotImplementedError
+
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward (0: off); -> whether this
         family can (default: no)."""
