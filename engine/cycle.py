@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .draft import DFlashDraft
+from .draft import DFlashDraft, TokenChain
 from .draft_head import DraftHead
 from .events import CycleStats
 from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
@@ -187,6 +187,38 @@ def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
     K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
     multiplies 16 rows faster than 15."""
     return head(hidden)[:, 1:]
+
+
+def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged: mx.array,
+                   head: DraftHead, embed: Callable[[mx.array], mx.array], candidates: int
+                   ) -> mx.array:
+    """A block's draft logits [1, n, K] over `head` rescored by the draft's token chain
+    (`TokenChain`), from the block's hidden states [1, n + 1, H] (slot 0 the staged token,
+    `staged` [1]): each slot keeps its `candidates` top tokens, the chain scores them once
+    for each of the previous slot's candidates (all in one batch), and a walk from the
+    staged token picks each slot's best given the pick before it. -> logits [1, n, K]: the
+    chain's scores of each slot's candidates given that pick, -inf for the other tokens.
+    All on the device, no host sync. Lossless: the target verifies every proposal."""
+    n, size = logits.shape[1], logits.shape[2]
+    k = min(candidates, size)
+    if n == 0 or k < 2:
+        return logits
+    top = mx.argpartition(-logits[0], kth=k - 1, axis=-1)[:, :k]  # [n, k] head indices
+    rows = head.rows(top)
+    if rows is None:  # a head that is not a plain projection: the draft's own logits
+        return logits
+    ids = head.token_ids(top)
+    before = mx.concatenate([mx.broadcast_to(staged.reshape(1, 1), (1, k)).astype(ids.dtype),
+                             ids[:-1]])  # [n, k]: the tokens each slot's scores follow
+    chained = chain(hidden[0, 1:, None, :], embed(before))  # [n, k, H]
+    scores = chained @ rows.swapaxes(-1, -2).astype(chained.dtype)  # [n, k before, k]
+    picked, chosen = mx.array(0), []
+    for slot in range(n):
+        row = scores[slot][picked]
+        chosen.append(row)
+        picked = mx.argmax(row)
+    out = mx.full((n, size), -mx.inf, dtype=logits.dtype)
+    return mx.put_along_axis(out, top, mx.stack(chosen).astype(logits.dtype), axis=-1)[None]
 
 
 def refined_logits(block: mx.array, logits: mx.array, head: DraftHead,
@@ -534,7 +566,7 @@ class DraftProposer:
             return mx.array([[staged] + found], dtype=mx.int32), q
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
-                staged, self.draft_logits(staged, size), self.output_head,
+                staged, self.draft_logits(staged, size, chained=False), self.output_head,
                 self.target.vocab_size, sampler, found, self.min_confidence,
                 self.verify_lengths)
             return verify_in, q
@@ -590,7 +622,8 @@ class DraftProposer:
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
-        return draw_proposal(staged, self.draft_logits(staged, size), self.output_head.ids,
+        return draw_proposal(staged, self.draft_logits(staged, size, chained=False),
+                             self.output_head.ids,
                              self.target.vocab_size, sampler, self.min_confidence,
                              self.verify_lengths)
 
@@ -599,18 +632,22 @@ class DraftProposer:
         """The head the draft proposes through (the target's full lm_head when unset)."""
         return self.head or DraftHead(self.target)
 
-    def draft_logits(self, staged: int, size: int) -> mx.array:
+    def draft_logits(self, staged: int, size: int, chained: bool = True) -> mx.array:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
-        [1, size - 1, K] (size > 1); the prefetched forward's where there is one."""
+        [1, size - 1, K] (size > 1); the prefetched forward's where there is one.
+        `chained`: as a token chain rescores them (`block_logits`); sampled proposals need
+        the draft's own distributions, not a greedy walk's."""
         logits = self._take_prefetched(size)
         if logits is not None:
             return logits
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
         if not self.draft.args.anchor_peek:
-            return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache))
+            return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache),
+                                     chained)
         seen = self.anchor_taps(staged)
         return self.block_logits(block, lambda embedded: self.draft.peeking(embedded,
-                                                                            self.cache, seen))
+                                                                            self.cache, seen),
+                                 chained)
 
     def anchor_taps(self, staged: int) -> mx.array:
         """The staged token's features [1, 1, n_taps * H] as a peeking draft sees them: the
@@ -621,12 +658,19 @@ class DraftProposer:
         later = (len(taps) - depth) * (seen.shape[-1] // depth)
         return mx.concatenate([seen, mx.zeros((1, 1, later), seen.dtype)], axis=-1)
 
-    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
+    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array],
+                     chained: bool = True) -> mx.array:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
         (block embeddings -> hidden states) takes through the draft; with `refine`, after the
-        second pass (`refined_logits`)."""
-        logits = draft_head_logits(self.output_head, run(self.target.embed(block)))
+        second pass (`refined_logits`); with a token chain, as it rescores them
+        (`chained_logits`: greedy proposals only, `chained`)."""
+        hidden = run(self.target.embed(block))
+        logits = draft_head_logits(self.output_head, hidden)
         if self.refine is None:
+            if chained and self.draft.chain is not None:
+                return chained_logits(self.draft.chain, hidden, logits, block[0, :1],
+                                      self.output_head, self.target.embed,
+                                      self.draft.args.chain_candidates)
             return logits
         return refined_logits(block, logits, self.output_head,
                               lambda shown: run(self.target.embed(shown)), self.refine)

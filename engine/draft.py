@@ -54,6 +54,10 @@ class DraftArgs:
     # target's first layers on the anchor before each draft forward (0: the published
     # recipe, context strictly before the anchor)
     anchor_peek: int = 0
+    # Hidden units of the token chain (`TokenChain`): each slot's proposal rescored knowing
+    # the token proposed before it; 0: none (the published recipe)
+    chain_units: int = 0
+    chain_candidates: int = 8  # the draft's top tokens per slot the chain chooses among
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +109,8 @@ class DraftArgs:
             sliding_window=config.get("sliding_window"),
             attention_bias=bool(config.get("attention_bias", False)),
             anchor_peek=int(dflash.get("anchor_peek", 0)),
+            chain_units=int(dflash.get("chain_units", 0)),
+            chain_candidates=int(dflash.get("chain_candidates", 8)),
         )
 
     def to_config(self) -> dict:
@@ -136,6 +142,9 @@ class DraftArgs:
         }
         if self.anchor_peek:
             cfg["dflash_config"]["anchor_peek"] = self.anchor_peek
+        if self.chain_units:
+            cfg["dflash_config"]["chain_units"] = self.chain_units
+            cfg["dflash_config"]["chain_candidates"] = self.chain_candidates
         if self.layer_types:
             cfg["layer_types"] = self.layer_types
             cfg["sliding_window"] = self.sliding_window
@@ -241,6 +250,30 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h), cpu)
 
 
+class TokenChain(nn.Module):
+    """A block's slots are drafted in parallel, so slot k does not know which token slot k-1
+    proposed: it guesses the end of a word without its start. The chain adds back that one
+    dependency, cheaply: a slot's hidden state plus an MLP of it and the previous slot's
+    token, read by the same head. Where slot k-1's proposal is wrong the cycle's run ends
+    there anyway, so training it on the true previous tokens (teacher forcing, parallel
+    over slots) is exactly what a run needs. Its output projection starts at zero: a chain
+    added to a trained draft first proposes what the draft did."""
+
+    def __init__(self, hidden_size: int, units: int, eps: float):
+        super().__init__()
+        self.token_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.hidden_in = nn.Linear(hidden_size, units, bias=False)
+        self.token_in = nn.Linear(hidden_size, units, bias=False)
+        self.out = nn.Linear(units, hidden_size, bias=False)
+        self.out.weight = mx.zeros_like(self.out.weight)
+
+    def __call__(self, hidden: mx.array, previous: mx.array) -> mx.array:
+        """Slot hidden states [..., H] and the previous slots' token embeddings [..., H]
+        (broadcast against each other) -> the chained hidden states the head reads."""
+        mixed = self.hidden_in(hidden) + self.token_in(self.token_norm(previous))
+        return hidden + self.out(nn.silu(mixed))
+
+
 class DFlashDraft(nn.Module):
     def __init__(self, args: DraftArgs):
         super().__init__()
@@ -251,6 +284,8 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
         self.layers = [DraftLayer(args, t == "sliding_attention") for t in types]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.chain = (TokenChain(H, args.chain_units, args.rms_norm_eps) if args.chain_units
+                      else None)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
