@@ -1,0 +1,148 @@
+"""The draft's token chain (TokenChain): each slot's top candidates rescored knowing the
+token proposed before it. Proposals only: every committed token stays the target's own, and
+training's teacher-forced simulation walks the cycles a real decode runs."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from test_cycle_sync import load
+from tiny_pairs import make_tiny_pair, plain_greedy
+
+from engine import DFlashConfig, DFlashRuntime
+from engine.cycle import DraftProposer, speculative_decode
+from engine.loading import load_draft_folder, load_target
+from engine.train.dataset import Dataset
+from engine.train.loop import TrainConfig, add_chain, build_parser, train, train_draft_main
+from engine.train.objective import (
+    anchor_runs,
+    block_loss,
+    make_batch,
+    previous_tokens,
+    slot_weights,
+    target_taps,
+    walk_cycles,
+)
+
+
+def chained(rt: DFlashRuntime, units: int = 16, candidates: int = 4, seed: int = 0
+            ) -> DFlashRuntime:
+    """`rt` with its draft given a chain; a `seed` gives its output projection random
+    weights (a fresh chain's is zero)."""
+    rt.draft = add_chain(rt.draft, units, candidates)
+    if seed:
+        mx.random.seed(seed)
+        out = rt.draft.chain.out
+        out.weight = mx.random.normal(out.weight.shape) * 0.5
+    return rt
+
+
+def primed(rt: DFlashRuntime, ids: list[int]) -> DraftProposer:
+    proposer = DraftProposer(rt.target, rt.draft)
+    _, taps = rt.target.forward(mx.array([ids]), rt.target.make_cache(), proposer.tap_ids)
+    proposer.append_context(taps)
+    return proposer
+
+
+def test_a_fresh_chain_proposes_what_the_draft_does(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    ids = list(range(3, 20))
+    plain = primed(rt, ids).draft_logits(7, 16)
+    rt = chained(rt)
+    logits = primed(rt, ids).draft_logits(7, 16)
+    assert mx.array_equal(mx.argmax(logits, -1), mx.argmax(plain, -1)).item()
+    # only the candidates keep a score, and those are the draft's own logits
+    kept = mx.isfinite(logits)
+    assert (kept.sum(-1) == 4).all().item()
+    assert mx.allclose(mx.where(kept, logits, 0), mx.where(kept, plain, 0), atol=1e-4).item()
+
+
+def test_a_trained_chain_changes_proposals_and_sampling_ignores_it(tiny_pairs):
+    rt = load(tiny_pairs, "llama")
+    ids = list(range(3, 20))
+    plain = primed(rt, ids).draft_logits(7, 16)
+    rt = chained(rt, seed=3)
+    proposer = primed(rt, ids)
+    assert not mx.array_equal(mx.argmax(proposer.draft_logits(7, 16), -1),
+                              mx.argmax(plain, -1)).item()
+    # sampled proposals draw from the draft's own distributions
+    assert mx.allclose(proposer.draft_logits(7, 16, chained=False), plain, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("cut", [None, 0.4])
+def test_decoding_with_a_chain_is_plain_greedy(tiny_pairs, cut):
+    rt = chained(load(tiny_pairs, "llama", min_draft_confidence=cut), seed=5)
+    ids = rt.encode("Hello world")
+    proposer = DraftProposer(rt.target, rt.draft, min_confidence=cut, prefetching=True)
+    tokens = [t for c in speculative_decode(rt.target, proposer, ids, 40, 16, 512)
+              for t in c.tokens]
+    assert tokens == plain_greedy(rt.model, ids, 40)  # bit for bit
+
+
+def test_previous_tokens_are_the_anchor_then_the_labels():
+    rng = np.random.default_rng(0)
+    data = Dataset([list(range(10, 40))], [4])
+    batch = make_batch(data, [0], 3, 4, 0, rng)
+    prev = np.array(previous_tokens(batch))[0]
+    for a, anchor in enumerate(np.array(batch.anchors)[0]):
+        assert prev[a].tolist() == list(range(10 + anchor, 10 + anchor + 3))
+
+
+def test_the_training_walk_is_the_real_decode_with_a_chain(tmp_path):
+    """Teacher forcing is exact for a run: the simulation's chained runs walk the cycles a
+    whole-block decode with the chain runs. The draft and chain first memorise two replies."""
+    target_dir, draft_dir = make_tiny_pair(tmp_path)
+    model, tokenizer, _ = load_target(str(target_dir), "float32")
+    draft = add_chain(load_draft_folder(draft_dir), 32, 4)
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None)
+    rt = DFlashRuntime(model, tokenizer, draft, config)
+    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
+    replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]
+    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
+    w = slot_weights(draft.args.block_size, 7.0)
+    opt = optim.AdamW(learning_rate=1e-2)
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        batch = make_batch(data, [0, 1], 32, draft.args.block_size, draft.args.mask_token_id,
+                           rng)
+        taps = target_taps(rt.target, batch.tokens, draft.args.target_layer_ids)
+        loss, grads = nn.value_and_grad(
+            draft, lambda b=batch, t=taps: block_loss(draft, rt.target, b, t, w))()
+        opt.update(draft, grads)
+        mx.eval(loss, draft.parameters(), opt.state)
+    assert float(mx.abs(draft.chain.out.weight).max()) > 0  # the chain trained
+    longest = 0
+    for prompt, reply in zip(prompts, replies):
+        result = rt.generate(prompt, max_tokens=32)
+        assert list(result.tokens) == reply
+        runs = anchor_runs(draft, rt.target, prompt + reply, len(prompt))
+        assert walk_cycles(runs, len(reply)) == list(result.cycle_tokens)
+        longest = max(longest, *result.cycle_tokens)
+    assert longest > 3
+
+
+def test_chain_only_trains_the_chain_and_saves_it(tmp_path):
+    target_dir, draft_dir = make_tiny_pair(tmp_path)
+    data = tmp_path / "data.npz"
+    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--init", str(draft_dir),
+            "--data", str(data), "--steps", "3", "--batch", "2", "--anchors", "2",
+            "--val-size", "2", "--no-progress", "--lr", "1e-2"]
+    said: list[str] = []
+    train(TrainConfig(**vars(build_parser().parse_args(
+        [*argv, "--chain", "8", "--chain-candidates", "3", "--chain-only"]))), say=said.append)
+    assert any("chain added" in m for m in said) and any("frozen" in m for m in said)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())["dflash_config"]
+    assert (config["chain_units"], config["chain_candidates"]) == (8, 3)
+    before, after = load_draft_folder(draft_dir), load_draft_folder(tmp_path / "d")
+    assert after.chain is not None and float(mx.abs(after.chain.out.weight).max()) > 0
+    for name in ("fc", "norm"):  # the draft itself stayed as it was (up to the saved dtype)
+        assert mx.allclose(getattr(after, name).weight.astype(mx.float32),
+                           getattr(before, name).weight.astype(mx.float32), atol=1e-2).item()
+    # a chain cannot train alone on a draft that has none
+    assert train_draft_main([*argv, "--chain-only"]) == 2
