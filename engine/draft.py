@@ -175,10 +175,11 @@ class DraftAttention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)
 
-    def context_kv(self, ctx: mx.array, offset: int, cpu: bool = False
+    def context_kv(self, ctx: mx.array, offset: int | mx.array, cpu: bool = False
                    ) -> tuple[mx.array, mx.array]:
-        """K/V of context features, positions offset.. (k_norm and RoPE applied: cacheable).
-        `cpu`: the products through kernels/cpu_linear.py (inference only)."""
+        """K/V of context features [B, T, H], positions offset.. (k_norm and RoPE applied:
+        cacheable); `offset` may be one per batch row [B]. `cpu`: the products through
+        kernels/cpu_linear.py (inference only)."""
         k, v = (cpu_linear.linears(ctx, [self.k_proj, self.v_proj]) if cpu
                 else (self.k_proj(ctx), self.v_proj(ctx)))
         k = self.rope(self.k_norm(self._heads(k, self.n_kv_heads)), offset=offset)

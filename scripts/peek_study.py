@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 import numpy as np
 from choice_study import study_sets, whole_block_runtime, write_study  # on the path when run
 
-from engine.train.objective import anchored_batch, slot_logits, target_taps, walk_cycles
+from engine.train.objective import anchor_hits, walk_cycles
 
 CHUNK = 32
 
@@ -31,29 +30,11 @@ CHUNK = 32
 def depth_rows(depths: list[int]):
     """rows_of for `study_sets`: per reply, one row per depth (right slots, runs)."""
     def rows_of(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
-        import mlx.core as mx
-
-        B, mask = draft.args.block_size, draft.args.mask_token_id
-        tokens = np.asarray(seq, np.int32)[None]
-        length = np.array([len(seq)])
-        taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
         rows = []
         for depth in depths:
-            right, valid = [], []
-            for lo in range(prompt_len, len(seq) - 1, CHUNK):
-                anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
-                batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
-                                       B, mask)
-                if depth:
-                    batch = replace(batch, peek=mx.full(anchors.shape, depth, mx.int32))
-                pred = np.array(mx.argmax(slot_logits(draft, target, batch, taps), -1))[0]
-                ok = np.array(batch.valid)[0] > 0
-                right.append((pred == np.array(batch.labels)[0]) & ok)
-                valid.append(ok)
-            hits = np.concatenate(right)
-            runs = np.cumprod(hits, axis=-1).sum(-1)
-            rows.append({"depth": depth, "right": hits.sum(0), "slots": np.concatenate(valid)
-                         .sum(0), "runs": runs, "n": len(seq) - prompt_len})
+            hits, valid = anchor_hits(draft, target, seq, prompt_len, CHUNK, depth)
+            rows.append({"depth": depth, "right": hits.sum(0), "slots": valid.sum(0),
+                         "runs": np.cumprod(hits, axis=-1).sum(-1), "n": len(seq) - prompt_len})
         return rows
     return rows_of
 

@@ -177,14 +177,15 @@ def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.ar
 def _peek_kv(attn: nn.Module, features: mx.array, seen: mx.array, anchors: mx.array
              ) -> tuple[mx.array, mx.array]:
     """K/V [N, hkv, A, hd] of each block's peek entry at its anchor's position, as
-    `DraftAttention.context_kv` caches a context entry there at inference."""
-    N, A, _ = features.shape
-    hkv, hd = attn.n_kv_heads, attn.head_dim
-    k = attn.k_norm(attn.k_proj(features).reshape(N * A, 1, hkv, hd).transpose(0, 2, 1, 3))
-    k = attn.rope(k, offset=anchors.reshape(-1))
-    k = k.reshape(N, A, hkv, hd).transpose(0, 2, 1, 3)
-    v = attn.v_proj(features).reshape(N, A, hkv, hd).transpose(0, 2, 1, 3)
-    return k, v
+    `DraftAttention.context_kv` caches a context entry there at inference (one entry per
+    block, each at its own offset)."""
+    N, A, H = features.shape
+    k, v = attn.context_kv(features.reshape(N * A, 1, H), anchors.reshape(-1))
+
+    def per_block(x: mx.array) -> mx.array:  # [N * A, hkv, 1, hd] -> [N, hkv, A, hd]
+        return x.reshape(N, A, attn.n_kv_heads, attn.head_dim).transpose(0, 2, 1, 3)
+
+    return per_block(k), per_block(v)
 
 
 def peek_context(draft: DFlashDraft, taps: mx.array, anchors: mx.array,
@@ -424,20 +425,34 @@ def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
 def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
                 prompt_len: int, chunk: int = 64, peek: int = 0) -> np.ndarray:
     """The run (`block_runs`) of a block anchored at every response position of one sequence:
-    entry a is the anchor at prompt_len + a (target features from one forward, as in
-    training), each block peeking at its anchor through `peek` taps."""
+    entry a is the anchor at prompt_len + a (`anchor_hits`)."""
+    hits, _ = anchor_hits(draft, target, seq, prompt_len, chunk, peek)
+    return np.cumprod(hits, axis=-1).sum(axis=-1)
+
+
+def anchor_hits(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
+                prompt_len: int, chunk: int = 64, peek: int = 0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """A block anchored at every response position of one sequence (target features from one
+    forward, as in training), each peeking at its anchor through `peek` taps. -> (bool
+    [n, B-1]: the draft's proposal right at slots 1..B-1, bool [n, B-1]: the slot lies inside
+    the sequence), row a the anchor at prompt_len + a."""
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
     taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
-    runs = [np.zeros(0, np.int64)]
+    K = draft.args.block_size - 1
+    hits, valid = [np.zeros((0, K), bool)], [np.zeros((0, K), bool)]
     for lo in range(prompt_len, length[0] - 1, chunk):
         anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
         batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
                                draft.args.block_size, draft.args.mask_token_id)
         if peek:
             batch = replace(batch, peek=mx.full(anchors.shape, peek, mx.int32))
-        runs.append(np.array(block_runs(slot_logits(draft, target, batch, taps), batch)[0]))
-    return np.concatenate(runs)
+        inside = np.array(batch.valid)[0] > 0
+        right = np.array(mx.argmax(slot_logits(draft, target, batch, taps), -1))[0]
+        hits.append((right == np.array(batch.labels)[0]) & inside)
+        valid.append(inside)
+    return np.concatenate(hits), np.concatenate(valid)
 
 
 def walk_cycles(runs: Sequence[int], n: int) -> list[int]:
