@@ -88,7 +88,11 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     if size == 1:
         return block
     head = head or DraftHead(target)
-    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
+    hidden = draft(target.embed(block), draft_cache)
+    logits = draft_head_logits(head, hidden)
+    if draft.chain is not None:
+        logits = chained_logits(draft.chain, hidden, logits, block[0, :1], head, target.embed,
+                                draft.args.chain_candidates)
     return drafted_proposal(staged, logits, head, min_confidence, lengths)
 
 

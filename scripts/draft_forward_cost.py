@@ -4,8 +4,9 @@ draft to read only pays where quantized matmuls are fast.
 
     python scripts/draft_forward_cost.py --json benchmarks/draft-forward-cost-cpu.json
 
-One 16-token block (no verify cut) through the shipped draft and the 8,192-token head of the
-CPU default, after the target's prefill of a 300-token context; the median over `--iters`.
+One 16-token block (no verify cut) through the shipped draft (or `--draft DIR`'s, its token
+chain included) and the 8,192-token head of the CPU default, after the target's prefill of a
+300-token context; the median over `--iters`.
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ def forward_ms(rt: DFlashRuntime, draft, head: DraftHead, context: list[int], it
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", default=None,
+                   help="a draft folder (default: the registry's shipped draft)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     import mlx.nn as nn  # here: the engine's imports load the fast CPU BLAS first
 
-    rt = DFlashRuntime.from_pretrained(config=DFlashConfig())
+    rt = DFlashRuntime.from_pretrained(draft=args.draft, config=DFlashConfig())
     context = rt.encode([{"role": "user", "content": "Explain how a refrigerator works."}])
     context += [(7 * i + 11) % 1000 + 100 for i in range(300 - len(context))]
     head = build_draft_head(rt.target, rt.token_ranking, CPU_DRAFT_VOCAB, context)

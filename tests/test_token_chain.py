@@ -15,7 +15,7 @@ from test_cycle_sync import load
 from tiny_pairs import make_tiny_pair, plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import DraftProposer, speculative_decode
+from engine.cycle import DraftProposer, propose, speculative_decode
 from engine.loading import load_draft_folder, load_target
 from engine.train.dataset import Dataset
 from engine.train.loop import TrainConfig, add_chain, build_parser, train, train_draft_main
@@ -70,6 +70,10 @@ def test_a_trained_chain_changes_proposals_and_sampling_ignores_it(tiny_pairs):
     proposer = primed(rt, ids)
     assert not mx.array_equal(mx.argmax(proposer.draft_logits(7, 16), -1),
                               mx.argmax(plain, -1)).item()
+    # the module-level `propose` chains its proposals too
+    chained_tokens = mx.argmax(proposer.draft_logits(7, 16), -1)
+    assert mx.array_equal(propose(rt.target, rt.draft, proposer.cache, 7, 16)[:, 1:],
+                          chained_tokens).item()
     # sampled proposals draw from the draft's own distributions
     assert mx.allclose(proposer.draft_logits(7, 16, chained=False), plain, atol=1e-5).item()
 
