@@ -201,8 +201,10 @@ def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged
     `staged` [1]): each slot keeps its `candidates` top tokens, the chain scores them once
     for each of the previous slot's candidates (all in one batch), and a walk from the
     staged token picks each slot's best given the pick before it. -> logits [1, n, K]: the
-    chain's scores of each slot's candidates given that pick, -inf for the other tokens.
-    All on the device, no host sync. Lossless: the target verifies every proposal."""
+    chain's own over the whole head given the walk's picks (what it was trained on, so the
+    verify cut and the lookup's choice read calibrated probabilities), with each slot's pick
+    holding the top one. All on the device, no host sync. Lossless: the target verifies
+    every proposal."""
     n, size = logits.shape[1], logits.shape[2]
     k = min(candidates, size)
     if n == 0 or k < 2:
@@ -216,13 +218,20 @@ def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged
                              ids[:-1]])  # [n, k]: the tokens each slot's scores follow
     chained = chain(hidden[0, 1:, None, :], embed(before))  # [n, k, H]
     scores = chained @ rows.swapaxes(-1, -2).astype(chained.dtype)  # [n, k before, k]
-    picked, chosen = mx.array(0), []
+    picks, picked = [], mx.array(0)
     for slot in range(n):
-        row = scores[slot][picked]
-        chosen.append(row)
-        picked = mx.argmax(row)
-    out = mx.full((n, size), -mx.inf, dtype=logits.dtype)
-    return mx.put_along_axis(out, top, mx.stack(chosen).astype(logits.dtype), axis=-1)[None]
+        picks.append(picked)  # the candidate of the slot before that this slot follows
+        picked = mx.argmax(scores[slot][picked])
+    followed = mx.stack(picks)
+    path = mx.take_along_axis(chained, followed[:, None, None], axis=1)  # [n, 1, H]
+    own = head(path.swapaxes(0, 1))[0].astype(logits.dtype)  # [n, K]
+    chosen = mx.take_along_axis(top, mx.concatenate([followed[1:], picked[None]])[:, None],
+                                axis=1)  # [n, 1]: each slot's pick
+    # the pick is the best candidate; a token outside them may score higher: they swap
+    best = mx.argmax(own, axis=-1, keepdims=True)
+    best_value = mx.take_along_axis(own, best, axis=-1)
+    own = mx.put_along_axis(own, best, mx.take_along_axis(own, chosen, axis=-1), axis=-1)
+    return mx.put_along_axis(own, chosen, best_value, axis=-1)[None]
 
 
 def refined_logits(block: mx.array, logits: mx.array, head: DraftHead,

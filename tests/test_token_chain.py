@@ -15,7 +15,13 @@ from test_cycle_sync import load
 from tiny_pairs import make_tiny_pair, plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import DraftProposer, propose, speculative_decode
+from engine.cycle import (
+    DraftProposer,
+    chained_logits,
+    draft_head_logits,
+    propose,
+    speculative_decode,
+)
 from engine.loading import load_draft_folder, load_target
 from engine.train.dataset import Dataset
 from engine.train.loop import TrainConfig, add_chain, build_parser, train, train_draft_main
@@ -56,10 +62,27 @@ def test_a_fresh_chain_proposes_what_the_draft_does(tiny_pairs):
     rt = chained(rt)
     logits = primed(rt, ids).draft_logits(7, 16)
     assert mx.array_equal(mx.argmax(logits, -1), mx.argmax(plain, -1)).item()
-    # only the candidates keep a score, and those are the draft's own logits
-    kept = mx.isfinite(logits)
-    assert (kept.sum(-1) == 4).all().item()
-    assert mx.allclose(mx.where(kept, logits, 0), mx.where(kept, plain, 0), atol=1e-4).item()
+    # a chain that adds nothing leaves the draft's distributions as they were
+    assert mx.allclose(logits, plain, atol=1e-4).item()
+
+
+def test_the_chains_pick_holds_the_top_logit_of_its_own_distribution(tiny_pairs):
+    rt = chained(load(tiny_pairs, "llama"), seed=3)
+    proposer = primed(rt, list(range(3, 20)))
+    hidden = rt.draft(rt.target.embed(proposer.staged_block(mx.array(7), 16)), proposer.cache)
+    head = proposer.output_head
+    base = draft_head_logits(head, hidden)
+    logits = chained_logits(rt.draft.chain, hidden, base, mx.array([7]), head, rt.target.embed,
+                            4)
+    picks = mx.argmax(logits[0], -1)
+    # every pick is among the draft's top 4 of its slot, and the walk chose it
+    top4 = mx.argsort(-base[0], axis=-1)[:, :4]
+    assert (top4 == picks[:, None]).any(-1).all().item()
+    # the rest of each row is the chain's own distribution given the picks before it
+    prev = mx.concatenate([mx.array([7]), picks[:-1]])
+    own = head(rt.draft.chain(hidden[0, 1:], rt.target.embed(prev)))
+    same = mx.sort(logits[0], axis=-1)
+    assert mx.allclose(same, mx.sort(own, axis=-1), atol=1e-4).item()
 
 
 def test_a_trained_chain_changes_proposals_and_sampling_ignores_it(tiny_pairs):

@@ -301,7 +301,8 @@ def previous_tokens(batch: Batch) -> mx.array:
 
 def chosen_logits(chained: mx.array, base: mx.array, k: int) -> mx.array:
     """`chained` [..., V] kept at the `k` largest entries of `base` [..., V], -inf elsewhere:
-    a chain only reorders the draft's own top candidates."""
+    its argmax is the engine's pick (`engine.cycle.chained_logits`), which only reorders the
+    draft's own top candidates."""
     if k >= base.shape[-1]:
         return chained
     kth = mx.min(mx.topk(base, k, axis=-1), axis=-1, keepdims=True)
