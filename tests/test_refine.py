@@ -103,7 +103,7 @@ class RefinedMarkovDraft(MarkovDraft):
         self.head = DraftHead(None, self.ids, mx.eye(V - 1))  # type: ignore[arg-type]
         self.refine = refine
 
-    def draft_logits(self, staged, size):
+    def draft_logits(self, staged, size, chained=True):  # no token chain: `chained` changes nothing
         first = self.table[staged, : size - 1][None]
         block = mx.array([[staged] + [V] * (size - 1)], dtype=mx.int32)  # V: the mask token
 

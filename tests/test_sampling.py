@@ -85,7 +85,7 @@ class MarkovDraft(DraftProposer):
     def append_context(self, taps) -> None:
         pass
 
-    def draft_logits(self, staged, size):
+    def draft_logits(self, staged, size, chained=True):  # no token chain: `chained` changes nothing
         return self.table[staged, : size - 1][None]
 
     def draft_proposal_sampled(self, staged, size, sampler):
