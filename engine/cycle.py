@@ -91,8 +91,9 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     hidden = draft(target.embed(block), draft_cache)
     logits = draft_head_logits(head, hidden)
     if draft.chain is not None:
-        logits = chained_logits(draft.chain, hidden, logits, block[0, :1], head, target.embed,
-                                draft.args.chain_candidates)
+        logits = single_threaded(target, lambda: chained_logits(
+            draft.chain, hidden, logits, block[0, :1], head, target.embed,
+            draft.args.chain_candidates))
     return drafted_proposal(staged, logits, head, min_confidence, lengths)
 
 
@@ -232,6 +233,24 @@ def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged
     best_value = mx.take_along_axis(own, best, axis=-1)
     own = mx.put_along_axis(own, best, mx.take_along_axis(own, chosen, axis=-1), axis=-1)
     return mx.put_along_axis(own, chosen, best_value, axis=-1)[None]
+
+
+def single_threaded(target: TargetAdapter, build: Callable[[], mx.array]) -> mx.array:
+    """`build()`, built and evaluated with OpenBLAS on one thread where the target's forwards
+    keep it there (a CPU: `cpu_linear.blas_aside`): a token chain's products of more rows
+    than the kernel takes would otherwise run on OpenBLAS's workers, which spin on into the
+    next verify and take the cores it needs (the kernel evaluates its inputs while the graph
+    is built, so the build counts too). Built lazily elsewhere."""
+    aside = target.blas_aside
+    restore = aside.single_thread() if aside is not None else 0
+    if not restore:
+        return build()
+    try:
+        out = build()
+        mx.eval(out)
+    finally:
+        aside.set(restore)  # type: ignore[union-attr]
+    return out
 
 
 def refined_logits(block: mx.array, logits: mx.array, head: DraftHead,
@@ -681,9 +700,9 @@ class DraftProposer:
         logits = draft_head_logits(self.output_head, hidden)
         if self.refine is None:
             if chained and self.draft.chain is not None:
-                return chained_logits(self.draft.chain, hidden, logits, block[0, :1],
-                                      self.output_head, self.target.embed,
-                                      self.draft.args.chain_candidates)
+                return single_threaded(self.target, lambda: chained_logits(
+                    self.draft.chain, hidden, logits, block[0, :1], self.output_head,
+                    self.target.embed, self.draft.args.chain_candidates))
             return logits
         return refined_logits(block, logits, self.output_head,
                               lambda shown: run(self.target.embed(shown)), self.refine)

@@ -20,6 +20,7 @@ from engine.cycle import (
     chained_logits,
     draft_head_logits,
     propose,
+    single_threaded,
     speculative_decode,
 )
 from engine.loading import load_draft_folder, load_target
@@ -109,6 +110,40 @@ def test_decoding_with_a_chain_is_plain_greedy(tiny_pairs, cut):
     tokens = [t for c in speculative_decode(rt.target, proposer, ids, 40, 16, 512)
               for t in c.tokens]
     assert tokens == plain_greedy(rt.model, ids, 40)  # bit for bit
+
+
+class CountedThreads:
+    """OpenBLAS's thread controls (blas.Threads) as a test double: a count that records."""
+
+    def __init__(self, count):
+        self.count, self.seen = count, []
+
+    def get(self):
+        return self.count
+
+    def set(self, count):
+        self.count = count
+
+    def single_thread(self):
+        count, self.count = self.count, 1
+        return count if count > 1 else 0
+
+
+def test_a_chain_is_built_and_evaluated_on_one_blas_thread_then_the_count_is_restored():
+    class Target:
+        blas_aside = CountedThreads(2)
+
+    target = Target()
+
+    def build():
+        target.blas_aside.seen.append(target.blas_aside.get())
+        return mx.arange(3) * 2
+
+    out = single_threaded(target, build)
+    assert target.blas_aside.seen == [1] and target.blas_aside.count == 2
+    assert out.tolist() == [0, 2, 4]
+    target.blas_aside = None  # GPUs, other BLASes: built as it is, lazily
+    assert single_threaded(target, lambda: mx.arange(2)).tolist() == [0, 1]
 
 
 def test_previous_tokens_are_the_anchor_then_the_labels():
