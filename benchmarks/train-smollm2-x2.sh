@@ -122,6 +122,13 @@
 #            then SOLO=1 PART=train INIT=/root/stash/files/draft32.tar LR=4e-5 TRAIN_S=400
 #            PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" (2,101 steps on 128,817 distinct
 #            sequences; not shipped: held-out flat, the suites level)
+#   stage 34 (one H200): the GGUF and gen-30-0..gen-33-0 staged; SOLO=1 PART=train LR=1e-4
+#            TRAIN_S=320 TAIL_S=240 PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4"
+#            TRAIN_ARGS="--anchor-peek 0,1,2,3,4" (not shipped: the model card's stage 34)
+#   stage 35 (one H200): the same staged; SOLO=1 PART=train LR=1e-3 TRAIN_S=290 TAIL_S=230
+#            PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" TRAIN_ARGS="--chain 1024 --chain-only",
+#            then SOLO=1 PART=more1 MORE_S=290 TAIL_S=230 LR_MORE=1e-4 DATA_WEIGHTS=(the same)
+#            TRAIN_ARGS="--chain 1024" (a token chain; not shipped: slower at the CPU defaults)
 #   next: answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
 #            distinct sequences) left the suites level, as stage 21's five layers on 161K did;
 #            gen-30-0 to gen-33-0 are in ~/.cache/dflash-chat/train-data/stage3{0,1,2,3}/ if
