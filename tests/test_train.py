@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from script_modules import load_script
-from tiny_pairs import make_tiny_pair
+from tiny_pairs import check_walk_is_the_decode, make_tiny_pair
 
 from engine.cycle import propose
 from engine.draft import DFlashDraft
@@ -36,7 +36,6 @@ from engine.train.loop import (
 from engine.train.objective import (
     Batch,
     anchor_probability,
-    anchor_runs,
     block_loss,
     context_mask,
     forward_parts,
@@ -249,41 +248,8 @@ def test_walk_cycles_anchors_where_the_last_cycle_stopped():
 
 
 def test_simulated_walk_is_the_real_whole_block_decode(pair):
-    """In fp32 the training-side simulation (target features from one forward, a block at
-    every anchor) walks exactly the cycles a whole-block greedy decode runs on the same
-    reply. The draft first memorises the two replies, so cycles accept drafted tokens."""
-    import mlx.nn as nn
-    import mlx.optimizers as optim
-
-    from engine.config import DFlashConfig
-
     _, draft_dir, model, tokenizer = pair
-    draft = load_draft_folder(draft_dir)
-    # the draft alone (no suffix lookup): what the simulation walks
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None)
-    rt = DFlashRuntime(model, tokenizer, draft, config)
-    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
-    replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]
-    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
-    w = slot_weights(draft.args.block_size, 7.0)
-    opt = optim.AdamW(learning_rate=1e-2)
-    rng = np.random.default_rng(0)
-    for _ in range(25):
-        batch = make_batch(data, [0, 1], 32, draft.args.block_size, draft.args.mask_token_id,
-                           rng)
-        taps = target_taps(rt.target, batch.tokens, draft.args.target_layer_ids)
-        loss, grads = nn.value_and_grad(
-            draft, lambda b=batch, t=taps: block_loss(draft, rt.target, b, t, w))()
-        opt.update(draft, grads)
-        mx.eval(loss, draft.parameters(), opt.state)
-    longest = 0
-    for prompt, reply in zip(prompts, replies):
-        result = rt.generate(prompt, max_tokens=32)
-        assert list(result.tokens) == reply
-        runs = anchor_runs(draft, rt.target, prompt + reply, len(prompt))
-        assert walk_cycles(runs, len(reply)) == list(result.cycle_tokens)
-        longest = max(longest, *result.cycle_tokens)
-    assert longest > 3  # cycles accepted drafted tokens: runs were really compared
+    check_walk_is_the_decode(model, tokenizer, load_draft_folder(draft_dir))
 
 
 def test_few_steps_lower_the_loss(pair):

@@ -193,3 +193,49 @@ def cache_states(cache):
         else:
             out += [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
     return out
+
+
+def check_walk_is_the_decode(model: nn.Module, tokenizer, draft: DFlashDraft) -> None:
+    """In fp32 the training-side simulation (target features from one forward, a block at
+    every anchor) walks exactly the cycles a whole-block greedy decode runs on the same
+    reply. `draft` first memorises two replies (25 steps), so cycles accept drafted tokens."""
+    import mlx.optimizers as optim
+    import numpy as np
+
+    from engine.config import DFlashConfig
+    from engine.runtime import DFlashRuntime
+    from engine.train.dataset import Dataset
+    from engine.train.objective import (
+        anchor_runs,
+        block_loss,
+        make_batch,
+        slot_weights,
+        target_taps,
+        walk_cycles,
+    )
+
+    # the draft alone (no suffix lookup): what the simulation walks
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None)
+    rt = DFlashRuntime(model, tokenizer, draft, config)
+    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
+    replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]
+    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
+    w = slot_weights(draft.args.block_size, 7.0)
+    opt = optim.AdamW(learning_rate=1e-2)
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        batch = make_batch(data, [0, 1], 32, draft.args.block_size, draft.args.mask_token_id,
+                           rng)
+        taps = target_taps(rt.target, batch.tokens, draft.args.target_layer_ids)
+        loss, grads = nn.value_and_grad(
+            draft, lambda b=batch, t=taps: block_loss(draft, rt.target, b, t, w))()
+        opt.update(draft, grads)
+        mx.eval(loss, draft.parameters(), opt.state)
+    longest = 0
+    for prompt, reply in zip(prompts, replies):
+        result = rt.generate(prompt, max_tokens=32)
+        assert list(result.tokens) == reply
+        runs = anchor_runs(draft, rt.target, prompt + reply, len(prompt))
+        assert walk_cycles(runs, len(reply)) == list(result.cycle_tokens)
+        longest = max(longest, *result.cycle_tokens)
+    assert longest > 3  # cycles accepted drafted tokens: runs were really compared
