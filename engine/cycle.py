@@ -478,6 +478,8 @@ class DraftProposer:
     # A second draft pass over each proposal's confident start (`refined_logits`), at this
     # probability; None: one pass.
     refine: float | None = None
+    # Greedy proposals rescored by the draft's token chain where it has one (`chained_logits`)
+    chained: bool = True
     # A long match's repeat may fill a verify of up to this many tokens, past the block
     # (`repeat_count`); None: the block's size.
     lookup_span: int | None = None
@@ -699,7 +701,7 @@ class DraftProposer:
         hidden = run(self.target.embed(block))
         logits = draft_head_logits(self.output_head, hidden)
         if self.refine is None:
-            if chained and self.draft.chain is not None:
+            if chained and self.chained and self.draft.chain is not None:
                 return single_threaded(self.target, lambda: chained_logits(
                     self.draft.chain, hidden, logits, block[0, :1], self.output_head,
                     self.target.embed, self.draft.args.chain_candidates))

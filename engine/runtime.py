@@ -85,6 +85,9 @@ class DFlashRuntime:
         # and not sharded (each rank would read its own draft's rounding, as with the cut)
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
                           if not (self.branches or self.pipeline or lockstep is not None) else None)
+        # A draft's token chain rescores its greedy proposals
+        self.token_chain = (draft is not None and draft.chain is not None
+                            and self.config.token_chain_for(backend))
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
                                     if lockstep is None else 0)
@@ -201,6 +204,7 @@ class DFlashRuntime:
             "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
             "refine": self.config.refine,  # a second draft pass over a confident start
+            "token_chain": self.token_chain,  # the draft's token chain rescores its proposals
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -278,7 +282,7 @@ class DFlashRuntime:
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, branches=self.branches,
                              copy=copy, copy_odds=self.copy_odds or 0.0,
-                             refine=self.config.refine,
+                             refine=self.config.refine, chained=self.token_chain,
                              lookup_span=self.config.lookup_span)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,

@@ -81,18 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
                    help="a second draft pass over the drafts the draft gives at least P "
                         "(the engine's option; default off)")
+    p.add_argument("--token-chain", choices=["on", "off"], default="on",
+                   help="a draft's token chain, where it has one (default on: part of the "
+                        "draft measured; the engine's 'auto' leaves it off on CPU)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
                           lookup_min_match=args.lookup, lookup_span=args.lookup_span,
                           branches=args.branches,
-                          copy_odds=args.copy_odds, refine=args.refine)
+                          copy_odds=args.copy_odds, refine=args.refine,
+                          token_chain=args.token_chain == "on")
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,
               "branches": list(args.branches) if args.branches else None,
               "copy_odds": args.copy_odds, "refine": args.refine,
+              "token_chain": args.token_chain,
               "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     for folder in args.draft:

@@ -4,6 +4,7 @@ training's teacher-forced simulation walks the cycles a real decode runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import mlx.core as mx
@@ -12,7 +13,8 @@ import pytest
 from test_cycle_sync import load
 from tiny_pairs import check_walk_is_the_decode, make_tiny_pair, plain_greedy
 
-from engine import DFlashRuntime
+from engine import DFlashConfig, DFlashRuntime
+from engine.config import ConfigError, add_engine_args, config_from_args
 from engine.cycle import (
     DraftProposer,
     chained_logits,
@@ -21,6 +23,7 @@ from engine.cycle import (
     single_threaded,
     speculative_decode,
 )
+from engine.draft_head import DraftHead
 from engine.loading import load_draft_folder, load_target
 from engine.train.dataset import Dataset
 from engine.train.loop import TrainConfig, add_chain, build_parser, train, train_draft_main
@@ -103,6 +106,32 @@ def test_decoding_with_a_chain_is_plain_greedy(tiny_pairs, cut):
     tokens = [t for c in speculative_decode(rt.target, proposer, ids, 40, 16, 512)
               for t in c.tokens]
     assert tokens == plain_greedy(rt.model, ids, 40)  # bit for bit
+
+
+def test_the_chain_runs_except_on_cpu_unless_asked_and_a_flag_sets_it(tiny_pairs):
+    assert not DFlashConfig().token_chain_for("cpu")
+    assert DFlashConfig().token_chain_for("cuda") and DFlashConfig().token_chain_for("metal")
+    assert DFlashConfig(token_chain=True).token_chain_for("cpu")
+    assert not DFlashConfig(token_chain=False).token_chain_for("cuda")
+    with pytest.raises(ConfigError, match="token_chain='yes'"):
+        DFlashConfig(token_chain="yes")
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    for flag, value in (("on", True), ("off", False), ("auto", "auto")):
+        args = parser.parse_args(["--token-chain", flag])
+        assert config_from_args(args).token_chain == value
+    base = chained(load(tiny_pairs, "llama"), seed=3)
+    ids = list(range(3, 20))
+    for setting, on in (("auto", False), (True, True), (False, False)):  # this machine: a CPU
+        rt = DFlashRuntime(base.model, base.tokenizer, base.draft,
+                           DFlashConfig(min_draft_confidence=None, token_chain=setting),
+                           target=base.target)
+        assert rt.describe()["token_chain"] is on
+        proposer = rt.make_proposer(DraftHead(rt.target), [], ids)
+        _, taps = rt.target.forward(mx.array([ids]), rt.target.make_cache(), proposer.tap_ids)
+        proposer.append_context(taps)
+        expected = proposer.draft_logits(7, 16, chained=on)
+        assert mx.array_equal(proposer.draft_logits(7, 16), expected).item()
 
 
 class CountedThreads:
