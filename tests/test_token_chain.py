@@ -134,6 +134,35 @@ def test_the_chain_runs_except_on_cpu_unless_asked_and_a_flag_sets_it(tiny_pairs
         assert mx.array_equal(proposer.draft_logits(7, 16), expected).item()
 
 
+def test_a_graft_keeps_the_bases_weights_and_adds_the_chain(tmp_path):
+    from mlx.utils import tree_flatten
+    from script_modules import load_script
+    from tiny_pairs import save_draft
+
+    graft = load_script("graft_chain").graft_chain
+    _, base_dir = make_tiny_pair(tmp_path)
+    draft = add_chain(load_draft_folder(base_dir), 16, 4)
+    mx.random.seed(4)
+    draft.chain.out.weight = mx.random.normal(draft.chain.out.weight.shape)
+    first = draft.layers[0].mlp.down_proj
+    first.weight = first.weight + 0.01  # a checkpoint's copy of the base drifts (requantized)
+    chained_dir = save_draft(draft, tmp_path / "chained")
+    assert graft(chained_dir, base_dir, tmp_path / "grafted")["chain_tensors"] == 4
+    grafted = load_draft_folder(tmp_path / "grafted")
+    base = dict(tree_flatten(load_draft_folder(base_dir).parameters()))
+    got = dict(tree_flatten(grafted.parameters()))
+    assert grafted.args.chain_units == 16 and grafted.args.chain_candidates == 4
+    assert all(mx.array_equal(got[k], v).item() for k, v in base.items())  # the base's bytes
+    assert mx.array_equal(got["chain.out.weight"], draft.chain.out.weight).item()
+    with pytest.raises(SystemExit, match="has no token chain"):
+        graft(base_dir, base_dir, tmp_path / "none")
+    config = json.loads((chained_dir / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [0]
+    (chained_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match="differ in target_layer_ids"):
+        graft(chained_dir, base_dir, tmp_path / "other")
+
+
 class CountedThreads:
     """OpenBLAS's thread controls (blas.Threads) as a test double: a count that records."""
 
