@@ -399,7 +399,7 @@ def add_queueing_args(p: argparse.ArgumentParser) -> None:
 
 def queueing_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """add_queueing_args' flags as DFlashConfig fields."""
-    return {"prefetch_draft": {"on": True, "off": False}.get(args.prefetch_draft, "auto"),
+    return {"prefetch_draft": on_off_auto(args.prefetch_draft),
             "stream_verify": args.stream_verify}
 
 
