@@ -475,7 +475,7 @@ class DraftProposer:
     # probability; None: one pass.
     refine: float | None = None
     # Greedy proposals rescored by the draft's token chain where it has one (`chained_logits`)
-    chained: bool = True
+    token_chain: bool = True
     # A long match's repeat may fill a verify of up to this many tokens, past the block
     # (`repeat_count`); None: the block's size.
     lookup_span: int | None = None
@@ -697,7 +697,7 @@ class DraftProposer:
         hidden = run(self.target.embed(block))
         logits = draft_head_logits(self.output_head, hidden)
         if self.refine is None:
-            if chained and self.chained and self.draft.chain is not None:
+            if chained and self.token_chain and self.draft.chain is not None:
                 return single_threaded(self.target, lambda: chained_logits(
                     self.draft.chain, hidden, logits, block[0, :1], self.output_head,
                     self.target.embed, self.draft.args.chain_candidates))

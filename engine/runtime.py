@@ -282,7 +282,7 @@ class DFlashRuntime:
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, branches=self.branches,
                              copy=copy, copy_odds=self.copy_odds or 0.0,
-                             refine=self.config.refine, chained=self.token_chain,
+                             refine=self.config.refine, token_chain=self.token_chain,
                              lookup_span=self.config.lookup_span)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
