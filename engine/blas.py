@@ -23,8 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,19 +248,6 @@ class Threads:
             return 0
         self.set(1)
         return count
-
-
-@contextmanager
-def one_thread(threads: Threads | None) -> Iterator[bool]:
-    """OpenBLAS on the calling thread alone within, where `threads` controls it (None: left
-    as it is), the count set back after -> whether it was changed (False: it ran on one
-    already, or there is nothing to control)."""
-    restore = threads.single_thread() if threads is not None else 0
-    try:
-        yield bool(restore)
-    finally:
-        if restore:
-            threads.set(restore)  # type: ignore[union-attr]
 
 
 def openblas_threads() -> Threads | None:

@@ -15,7 +15,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from . import blas
 from .draft import DFlashDraft, TokenChain
 from .draft_head import DraftHead
 from .events import CycleStats
@@ -242,10 +241,15 @@ def single_threaded(target: TargetAdapter, build: Callable[[], mx.array]) -> mx.
     than the kernel takes would otherwise run on OpenBLAS's workers, which spin on into the
     next verify and take the cores it needs (the kernel evaluates its inputs while the graph
     is built, so the build counts too). Built lazily elsewhere."""
-    with blas.one_thread(target.blas_aside) as changed:
+    aside = target.blas_aside
+    restore = aside.single_thread() if aside is not None else 0
+    if not restore:
+        return build()
+    try:
         out = build()
-        if changed:
-            mx.eval(out)
+        mx.eval(out)
+    finally:
+        aside.set(restore)  # type: ignore[union-attr]
     return out
 
 

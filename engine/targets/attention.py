@@ -24,7 +24,6 @@ import mlx.nn as nn
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
-from .. import blas
 from ..device import current
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
@@ -136,13 +135,17 @@ class AttentionAdapter(TargetAdapter):
 
     def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
         depth = max(tap_ids) + 1
-        with blas.one_thread(self.blas_aside):
+        restore = self.blas_aside.single_thread() if self.blas_aside is not None else 0
+        try:
             h = self.inner.embed_tokens(mx.array([[token]]))
             masks = self._masks(h, cache)
             outputs = {}
             for i in range(depth):
                 h = self._layer_forward(i, self.layers[i], h, masks, cache[i])
                 outputs[i] = h
+        finally:
+            if restore:
+                self.blas_aside.set(restore)  # type: ignore[union-attr]
         for c in cache[:depth]:
             c.trim(1)  # the verify writes the token's entries again, after every layer
         return mx.concatenate([outputs[i] for i in tap_ids], axis=-1)
