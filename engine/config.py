@@ -116,11 +116,10 @@ class DFlashConfig:
     # cycle, queued on the device (no host sync of its own). None: one pass. Lossless: the
     # target verifies every proposal.
     refine: float | None = None
-    # A draft's token chain (engine/draft.py: TokenChain), where the draft has one: "auto" on
-    # GPUs and Metal, off on CPU (a 2-core CPU spent more time on it a cycle than its tokens
-    # won: benchmarks/stage35/); True: on; False: the draft's own proposals. Lossless either
-    # way: the target verifies every proposal.
-    token_chain: bool | str = "auto"
+    # A draft's token chain (engine/draft.py: TokenChain), where the draft has one; off by
+    # default: on a 2-core CPU and on the H200 it cost more time a cycle than its tokens won
+    # (benchmarks/stage35/, stage36/). Lossless either way: the target verifies every proposal.
+    token_chain: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -199,9 +198,8 @@ class DFlashConfig:
             raise ConfigError(f"branches={b!r} with min_draft_confidence="
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
-        if self.token_chain not in ("auto", True, False):
-            raise ConfigError(f"token_chain={self.token_chain!r}: use True (on), False (off) "
-                              "or 'auto' (on except on CPU)")
+        if self.token_chain not in (True, False):
+            raise ConfigError(f"token_chain={self.token_chain!r}: use True (on) or False (off)")
         co = self.copy_odds
         if co not in ("auto", None) and not in_unit_interval(co):
             raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
@@ -239,12 +237,6 @@ class DFlashConfig:
         if self.prefetch_draft == "auto":
             return backend == "cuda"
         return bool(self.prefetch_draft)
-
-    def token_chain_for(self, backend: str) -> bool:
-        """Whether a draft's token chain rescores its proposals on a backend."""
-        if self.token_chain == "auto":
-            return backend != "cpu"
-        return bool(self.token_chain)
 
     def copy_odds_for(self, backend: str, min_confidence: float | None) -> float | None:
         """The copy's odds on a backend with the verify cut in effect, "auto" resolved; None:
@@ -319,10 +311,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "ends with replaces the draft's where the draft gives it at least P "
                         f"times its top token's probability; 'auto' (default): {CPU_COPY_ODDS} "
                         "on CPU with the verify cut on, off otherwise")
-    p.add_argument("--token-chain", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--token-chain", choices=["on", "off"], default="off",
                    help="a draft's token chain (drafts trained with --chain) rescores its "
-                        "greedy proposals knowing the token before each; 'auto' (default): on "
-                        "except on CPU, where it cost more than it won")
+                        "greedy proposals knowing the token before each (default off: on a CPU "
+                        "and on an H200 it cost more time than it won)")
     p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
                    help="a second draft pass: the leading drafts the draft gives at least "
                         "probability P are shown to it in place of their masks and the rest "
@@ -421,7 +413,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         lookup_span=args.lookup_span,
                         copy_odds=args.copy_odds, refine=args.refine,
-                        token_chain=on_off_auto(args.token_chain),
+                        token_chain=args.token_chain == "on",
                         chat_template_args=args.chat_template_args, **more)
 
 

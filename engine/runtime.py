@@ -86,8 +86,7 @@ class DFlashRuntime:
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
                           if not (self.branches or self.pipeline or lockstep is not None) else None)
         # A draft's token chain rescores its greedy proposals
-        self.token_chain = (draft is not None and draft.chain is not None
-                            and self.config.token_chain_for(backend))
+        self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
                                     if lockstep is None else 0)

@@ -6,7 +6,7 @@ are, plus CHAINED's `chain.*` tensors and its chain settings in config.json.
 For a chain trained on BASE frozen (`dflash train-draft --init BASE --chain U --chain-only`):
 the checkpoint stores BASE's weights again, requantized where BASE was stored quantized, which
 moves them slightly; grafting keeps BASE's bytes, so where the engine leaves the chain off
-(`--token-chain`, off on CPU by default) the grafted draft proposes exactly what BASE does.
+(`--token-chain`, off by default) the grafted draft proposes exactly what BASE does.
 """
 
 from __future__ import annotations
