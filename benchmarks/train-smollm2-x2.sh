@@ -129,6 +129,10 @@
 #            PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" TRAIN_ARGS="--chain 1024 --chain-only",
 #            then SOLO=1 PART=more1 MORE_S=290 TAIL_S=230 LR_MORE=1e-4 DATA_WEIGHTS=(the same)
 #            TRAIN_ARGS="--chain 1024" (a token chain; not shipped: slower at the CPU defaults)
+#   stage 36 (one H200, the caches empty): the GGUF and train_prompts staged; SEED=36 PART=gen
+#            GEN_GPUS=1 GEN_DEVICE=0 GEN_S=200 NUM_PROMPTS=129000 (slice 1/2: 26,094 answers),
+#            then the stage-35 run-1 call with TRAIN_S=250 TAIL_S=200 (the chain alone; not
+#            shipped: slower on the H200 too, benchmarks/README.md "Stage 36 session")
 #   next: answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
 #            distinct sequences) left the suites level, as stage 21's five layers on 161K did;
 #            gen-30-0 to gen-33-0 are in ~/.cache/dflash-chat/train-data/stage3{0,1,2,3}/ if
