@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(the engine's option; default off)")
     p.add_argument("--token-chain", choices=["on", "off"], default="on",
                    help="a draft's token chain, where it has one (default on: part of the "
-                        "draft measured; the engine's 'auto' leaves it off on CPU)")
+                        "draft measured; the engine leaves it off by default)")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
