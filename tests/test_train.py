@@ -38,6 +38,7 @@ from engine.train.objective import (
     anchor_probability,
     block_loss,
     context_mask,
+    follow_up_anchors,
     forward_parts,
     label_probability,
     make_batch,
@@ -1045,3 +1046,41 @@ def test_anchor_peek_trains_saves_and_reports_each_depth(pair, tmp_path):
     assert train_draft_main(argv + ["--anchor-peek", "3"]) == 2
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv + ["--anchor-peek", "one"])
+
+
+def test_follow_up_anchors_move_a_share_of_blocks_to_where_the_next_cycle_starts():
+    """A block whose draft run is r moves to anchor + 1 + r (the token the draft missed, the
+    next cycle's anchor in a decode); one whose follow-up has no label left, a padding block
+    and the blocks outside the share stay."""
+    seq = list(range(20, 60))
+    data = Dataset([seq, seq[:12]], [3, 2])
+    batch = make_batch(data, [0, 1], 4, 6, 1, np.random.default_rng(0))
+    anchors = np.array(batch.anchors)
+    real = np.array(batch.valid)[:, :, 0] > 0
+    runs = np.full(anchors.shape, 2)
+    lengths = np.array([40, 12])
+    moved = follow_up_anchors(batch, runs, lengths, 1.0, np.random.default_rng(1))
+    fits = real & (anchors + 3 < lengths[:, None] - 1)
+    assert fits.any() and (~fits).any()
+    assert (moved[fits] == anchors[fits] + 3).all() and (moved[~fits] == anchors[~fits]).all()
+    none = follow_up_anchors(batch, runs, lengths, 0.0, np.random.default_rng(1))
+    assert (none == anchors).all()
+    many = Batch(batch.tokens, batch.block, mx.zeros((1, 400), mx.int32),
+                 mx.zeros((1, 400, 5), mx.int32), mx.ones((1, 400, 5)))
+    half = follow_up_anchors(many,
+                             np.zeros((1, 400), int), np.array([40]), 0.5,
+                             np.random.default_rng(2))
+    assert 120 < int((half == 1).sum()) < 280  # about half moved by one
+
+
+def test_follow_ups_are_checked_train_and_are_logged(pair, tmp_path, capsys):
+    target_dir, *_ = pair
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--out", "o", "--follow-ups", "1.5"])
+    assert "between 0 and 1" in capsys.readouterr().err
+    run = tiny_run(target_dir, tmp_path)
+    plain, moved = run("plain"), run("moved", "--follow-ups", "1")
+    assert moved["config"]["follow_share"] == 1.0 and moved["steps"] == 4
+    assert moved["history"][-1]["loss"] != plain["history"][-1]["loss"]
+    shown = run("shown", "--follow-ups", "0.5", "--prefix-share", "0.5")
+    assert shown["steps"] == 4

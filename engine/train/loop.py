@@ -20,7 +20,7 @@ import platform
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,17 @@ from .objective import (
     Batch,
     Head,
     anchor_probability,
+    anchored_batch,
     block_loss,
     block_runs,
+    follow_up_anchors,
     forward_parts,
     low_precision_head,
     make_batch,
     repeat_weights,
+    show_prefixes,
     simulate_answer,
+    slot_logits,
     slot_outputs,
     slot_weights,
     soft_labels,
@@ -136,6 +140,9 @@ class TrainConfig:
     chain_units: int = 0  # add a token chain of this many units (`TokenChain`); 0: none
     chain_candidates: int = 8  # the draft's top tokens a chain chooses among
     chain_only: bool = False  # freeze the draft and train its chain alone
+    # share of each step's blocks moved to where a decode's next cycle would start after
+    # them (`follow_up_anchors`); 0: uniform anchors only
+    follow_share: float = 0.0
 
     @property
     def gamma(self) -> float:
@@ -613,11 +620,16 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
                                mark_repeats=cfg.repeat_weight < 1,
-                               prefix_share=cfg.prefix_share, max_prefix=cfg.max_prefix,
-                               peek_depths=cfg.anchor_peek)
+                               prefix_share=0.0 if cfg.follow_share else cfg.prefix_share,
+                               max_prefix=cfg.max_prefix, peek_depths=cfg.anchor_peek)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
+            if cfg.follow_share:
+                lengths = np.array([len(train_set.sequences[i]) for i in idx])
+                batch = follow_up_batch(draft, target, batch, taps, head, lengths, cfg,
+                                        anchor_rng)
+                _lap(clock, phase_ms, "follow_ups", batch.labels)
             soft = soft_labels(final, batch, head) if uses_soft else None
             extra_w = slot_extra_weights(cfg, batch, final, head)
             _lap(clock, phase_ms, "target", taps,
@@ -723,6 +735,23 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
         f"{final['walk_tokens_per_cycle']:.2f}), checkpoint {out}")
     return log
+
+
+def follow_up_batch(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
+                    head: Head, lengths: np.ndarray, cfg: TrainConfig,
+                    rng: np.random.Generator) -> Batch:
+    """`batch` with a share of its blocks moved to their follow-ups (`follow_up_anchors`),
+    found by the draft's own greedy runs on the uniform anchors (one forward, no gradient);
+    the anchor peeks kept, the shown prefixes (`--prefix-share`) drawn afterwards."""
+    runs = np.array(block_runs(slot_logits(draft, target, batch, taps, head), batch))
+    anchors = follow_up_anchors(batch, runs, lengths, cfg.follow_share, rng)
+    real = np.array(batch.valid)[:, :, 0] > 0
+    moved = anchored_batch(np.array(batch.tokens), anchors, lengths, real, cfg.block_size,
+                           draft.args.mask_token_id, mark_repeats=batch.repeats is not None)
+    moved = replace(moved, peek=batch.peek)
+    if cfg.prefix_share > 0 and cfg.max_prefix > 0:
+        moved = show_prefixes(moved, rng, cfg.prefix_share, cfg.max_prefix)
+    return moved
 
 
 def slot_extra_weights(cfg: TrainConfig, batch: Batch, final: mx.array | None,
@@ -898,6 +927,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chain-only", action="store_true",
                    help="freeze the draft (from --init) and train its token chain alone: the "
                         "draft's own proposals stay exactly as they were")
+    p.add_argument("--follow-ups", dest="follow_share", type=_share, default=d.follow_share,
+                   metavar="S",
+                   help="move a share S of each step's blocks to where a decode's next cycle "
+                        "would start after them (the token the draft missed), found by the "
+                        "draft's own greedy run on them; 0 (default): uniform anchors only")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p

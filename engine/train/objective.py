@@ -103,6 +103,22 @@ def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
                  mx.array(labels), mx.array(valid.astype(np.float32)), repeats)
 
 
+def follow_up_anchors(batch: Batch, runs: np.ndarray, lengths: np.ndarray, share: float,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Anchors [N, A] with a `share` of the real blocks moved to where a decode's next cycle
+    starts after them: anchor + 1 + run, the token the draft missed (the target commits its
+    own). A decode anchors every cycle but its first there; uniform anchors mostly sit where
+    the context already told the draft the anchor, so it learns to read the context more than
+    the anchor token, and then misses right after its own misses. `runs` [N, A]: each
+    block's run (`block_runs`) under the draft being trained; a follow-up past a sequence's
+    last label keeps its uniform anchor."""
+    anchors = np.array(batch.anchors)
+    real = np.array(batch.valid)[:, :, 0] > 0
+    follow = anchors + 1 + runs
+    move = (rng.random(anchors.shape) < share) & real & (follow < lengths[:, None] - 1)
+    return np.where(move, follow, anchors).astype(np.int32)
+
+
 def repeated_positions(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> np.ndarray:
     """bool [N, T]: where a token ends an n-gram that already ended earlier in its sequence
     (prompt included). The metric's repeated 4-grams (`repeated_ngram_share`): stretches a
