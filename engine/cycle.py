@@ -73,7 +73,8 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
             staged: int, size: int, min_confidence: float | None = None,
-            head: DraftHead | None = None, lengths: Sequence[int] = ()) -> mx.array:
+            head: DraftHead | None = None, lengths: Sequence[int] = (),
+            target_cache: list[Any] | None = None) -> mx.array:
     """One draft forward on [staged, mask x (size-1)] -> verify input [1, <= size].
 
     `head` turns the draft's hidden states into proposals (default: the target's full
@@ -83,12 +84,17 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     grows with its length (CPU). The cut's length is a shape, so it costs a host sync between
     draft and verify; without it the cycle's only sync is `read_commit`. `lengths` pads the
     cut to a length the machine verifies faster (`padded`). Lossless either way: the target
-    decides every token."""
+    decides every token. A draft with a target top reads `target_cache` (the target's,
+    settled after the context)."""
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     if size == 1:
         return block
     head = head or DraftHead(target)
-    hidden = draft(target.embed(block), draft_cache)
+    finish = None
+    if draft.args.target_top and target_cache is not None:
+        def finish(states: mx.array) -> mx.array:
+            return target.finish_states(states, target_cache, draft.args.target_top)
+    hidden = draft(target.embed(block), draft_cache, finish=finish)
     logits = draft_head_logits(head, hidden)
     if draft.chain is not None:
         logits = single_threaded(target, lambda: chained_logits(
@@ -675,13 +681,18 @@ class DraftProposer:
         if logits is not None:
             return logits
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
+        finish = self.finish if self.draft.args.target_top else None
         if not self.draft.args.anchor_peek:
-            return self.block_logits(block, lambda embedded: self.draft(embedded, self.cache),
-                                     chained)
+            return self.block_logits(
+                block, lambda embedded: self.draft(embedded, self.cache, finish=finish), chained)
         seen = self.anchor_taps(staged)
-        return self.block_logits(block, lambda embedded: self.draft.peeking(embedded,
-                                                                            self.cache, seen),
-                                 chained)
+        return self.block_logits(block, lambda embedded: self.draft.peeking(
+            embedded, self.cache, seen, finish), chained)
+
+    def finish(self, states: mx.array) -> mx.array:
+        """A draft's slot states through the target's last layers (`DraftArgs.target_top`),
+        on the settled target caches."""
+        return self.target.finish_states(states, self.target_cache, self.draft.args.target_top)
 
     def anchor_taps(self, staged: int) -> mx.array:
         """The staged token's features [1, 1, n_taps * H] as a peeking draft sees them: the

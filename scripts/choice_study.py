@@ -55,7 +55,7 @@ def reply_blocks(draft, target, seq: list[int], prompt_len: int):
 
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
-    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
+    taps = target_taps(target, mx.array(tokens), draft.training_tap_ids)
     for lo in range(prompt_len, len(seq) - 1, CHUNK):
         anchors = np.arange(lo, min(lo + CHUNK, len(seq) - 1), dtype=np.int32)[None]
         batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),

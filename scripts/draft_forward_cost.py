@@ -5,8 +5,8 @@ draft to read only pays where quantized matmuls are fast.
     python scripts/draft_forward_cost.py --json benchmarks/draft-forward-cost-cpu.json
 
 One 16-token block (no verify cut) through the shipped draft (or `--draft DIR`'s, its token
-chain included) and the 8,192-token head of the CPU default, after the target's prefill of a
-300-token context; the median over `--iters`.
+chain and target top included) and the 8,192-token head of the CPU default, after the
+target's prefill of a 300-token context; the median over `--iters`.
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ def forward_ms(rt: DFlashRuntime, draft, head: DraftHead, context: list[int], it
                ) -> float:
     import mlx.core as mx
 
-    cache = draft.make_cache()
-    prefill(rt.target, rt.target.make_cache(), context, 512,
-            DraftProposer(rt.target, draft, cache=cache))
+    cache, target_cache = draft.make_cache(), rt.target.make_cache()
+    prefill(rt.target, target_cache, context, 512, DraftProposer(rt.target, draft, cache=cache))
     for _ in range(3):
-        mx.eval(propose(rt.target, draft, cache, context[-1], 16, None, head))
+        mx.eval(propose(rt.target, draft, cache, context[-1], 16, None, head,
+                        target_cache=target_cache))
     times = []
     for _ in range(iters):
         start = time.perf_counter()
-        mx.eval(propose(rt.target, draft, cache, context[-1], 16, None, head))
+        mx.eval(propose(rt.target, draft, cache, context[-1], 16, None, head,
+                        target_cache=target_cache))
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 

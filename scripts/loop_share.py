@@ -77,7 +77,7 @@ def loss_split(data: Dataset, target: Any, draft: Any, sample: int, seed: int = 
     for i in range(0, len(picked), 8):
         batch = make_batch(data, picked[i:i + 8], 96, draft.args.block_size,
                            draft.args.mask_token_id, rng, mark_repeats=True)
-        taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+        taps = target_taps(target, batch.tokens, draft.training_tap_ids)
         logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
         ce = mx.logsumexp(logits, -1) - mx.take_along_axis(logits, batch.labels[..., None],
                                                            -1)[..., 0]

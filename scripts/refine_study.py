@@ -47,7 +47,7 @@ def reply_study(draft, target, seq: list[int], prompt_len: int, taus) -> dict:
     B, mask = draft.args.block_size, draft.args.mask_token_id
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([len(seq)])
-    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
+    taps = target_taps(target, mx.array(tokens), draft.training_tap_ids)
     runs: dict[str, list[np.ndarray]] = {"pass1": [], **{f"tau{t}": [] for t in taus}}
     shown = {j: np.zeros(3, np.int64) for j in SHOWN}  # right with shown, right pass 1, n
 

@@ -150,6 +150,20 @@ class AttentionAdapter(TargetAdapter):
             c.trim(1)  # the verify writes the token's entries again, after every layer
         return mx.concatenate([outputs[i] for i in tap_ids], axis=-1)
 
+    def can_finish(self, count: int) -> bool:
+        return (self.lockstep is None and 0 < count < len(self.layers)
+                and all(type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
+                        for layer in self.layers[-count:]))
+
+    def finish_states(self, states: mx.array, cache: list[Any], count: int) -> mx.array:
+        L, held = states.shape[1], self.cache_length(cache)
+        mask = mx.concatenate([mx.ones((L, held), dtype=mx.bool_),
+                               mx.tril(mx.ones((L, L), dtype=mx.bool_))], axis=1)
+        first = len(self.layers) - count
+        for layer, c in zip(self.layers[first:], cache[first:]):
+            states = layer(states, mask, cache=RowsView(c))  # RowsView: reads, writes nothing
+        return states
+
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward each (compiled_verify.py;
         0: off); -> whether they will be (plain causal attention layers only, not sharded).

@@ -198,6 +198,18 @@ class TargetAdapter:
         were. What a draft that peeks at its anchor (DraftArgs.anchor_peek) sees of it."""
         raise NotImplementedError
 
+    def can_finish(self, count: int) -> bool:
+        """Whether `finish_states` can run the last `count` layers (families whose caches
+        hold every layer's keys and values)."""
+        return False
+
+    def finish_states(self, states: mx.array, cache: list[Any], count: int) -> mx.array:
+        """Draft states [1, L, H] at positions after the cache's tokens -> the same through
+        the last `count` layers, each reading its own cached keys and values of the context
+        and, causally, the states' own; the caches end as they were. What a draft with a
+        target top (DraftArgs.target_top) proposes from."""
+        raise NotImplementedError
+
     def compile_verify(self, length: int) -> bool:
         """Run verifies of `length` tokens as one compiled forward (0: off); -> whether this
         family can (default: no)."""

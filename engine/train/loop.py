@@ -31,7 +31,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..cycle import PhaseClock
-from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..draft import TOP_GATE_SCALE, DFlashDraft, DraftArgs, default_tap_ids
 from ..errors import ConfigError
 from ..targets.base import TargetAdapter
 from .dataset import (
@@ -143,6 +143,9 @@ class TrainConfig:
     # share of each step's blocks moved to where a decode's next cycle would start after
     # them (`follow_up_anchors`); 0: uniform anchors only
     follow_share: float = 0.0
+    # the target's last this many layers finish the draft's slot states (`add_top`); 0: none
+    target_top: int = 0
+    top_gate: float = 0.0  # the added top's gate at the start (0: the draft as it was)
 
     @property
     def gamma(self) -> float:
@@ -259,6 +262,22 @@ def add_chain(draft: DFlashDraft, units: int, candidates: int) -> DFlashDraft:
     return chained
 
 
+def add_top(draft: DFlashDraft, count: int, gate: float = 0.0) -> DFlashDraft:
+    """`draft` with the target's last `count` layers finishing its slot states
+    (`DraftArgs.target_top`), every channel's gate at `gate` (0: the draft first proposes
+    exactly what it did; 1: wholly through the top); a draft that has a top keeps it."""
+    if draft.args.target_top:
+        if draft.args.target_top != count:
+            raise ConfigError(f"--target-top {count}: this draft already has a top of "
+                              f"{draft.args.target_top} layers. Fix: give --target-top "
+                              f"{draft.args.target_top}, or start from a draft without one.")
+        return draft
+    topped = DFlashDraft(dataclasses.replace(draft.args, target_top=count))
+    topped.update(tree_unflatten(tree_flatten(draft.parameters())), strict=False)
+    topped.top_gate = mx.full(topped.top_gate.shape, gate / TOP_GATE_SCALE)
+    return topped
+
+
 CHECKPOINT_METADATA = {"format": "mlx", "producer": "dflash train-draft"}
 
 
@@ -335,7 +354,7 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
         batch = make_batch(val, range(i, min(i + cfg.batch, len(val))), cfg.anchors,
                            cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True,
                            peek_depths=[peek] if peek else ())
-        taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+        taps = target_taps(target, batch.tokens, draft.training_tap_ids)
         scored, logits = (x.astype(mx.float32) for x in slot_outputs(draft, target, batch,
                                                                       taps))
         s, b = tokens_per_cycle(logits, batch)
@@ -537,6 +556,15 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         if cfg.init and draft.args.anchor_peek != max(cfg.anchor_peek):
             say(f"anchor peek {draft.args.anchor_peek} -> {max(cfg.anchor_peek)} taps")
         draft.args.anchor_peek = max(cfg.anchor_peek)
+    if cfg.target_top:
+        if not target.can_finish(cfg.target_top):
+            raise ConfigError(f"--target-top {cfg.target_top}: a {target.family} target of "
+                              f"{len(target.layers)} layers cannot finish the draft's states "
+                              "with its last layers. Fix: a smaller count, or leave it off.")
+        if not draft.args.target_top:
+            say(f"target top added: the target's last {cfg.target_top} layers finish the "
+                f"draft's states (gate at {cfg.top_gate})")
+        draft = add_top(draft, cfg.target_top, cfg.top_gate)
     if cfg.chain_units or cfg.chain_only:
         if not cfg.chain_units and draft.chain is None:
             raise ConfigError("--chain-only trains a token chain, and this draft has none. "
@@ -623,7 +651,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                                prefix_share=0.0 if cfg.follow_share else cfg.prefix_share,
                                max_prefix=cfg.max_prefix, peek_depths=cfg.anchor_peek)
             _lap(clock, phase_ms, "batch")
-            taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
+            taps, final = target_features(target, batch.tokens, draft.training_tap_ids,
                                           final=uses_final)
             if cfg.follow_share:
                 lengths = np.array([len(train_set.sequences[i]) for i in idx])
@@ -927,6 +955,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chain-only", action="store_true",
                    help="freeze the draft (from --init) and train its token chain alone: the "
                         "draft's own proposals stay exactly as they were")
+    p.add_argument("--target-top", type=_number_in(1, 64, "a whole number from 1 to 64", int),
+                   default=d.target_top, metavar="N",
+                   help="the target's last N layers finish the draft's slot states, reading "
+                        "the target's own keys and values of the context (added to an --init "
+                        "draft with its gate at --top-gate)")
+    p.add_argument("--top-gate", type=_share, default=d.top_gate, metavar="G",
+                   help="an added top's gate at the start, 0 (default: the draft as it was; "
+                        "the gate then opens only as far as training pushes it) to 1 (its "
+                        "states wholly through the target's last layers)")
     p.add_argument("--follow-ups", dest="follow_share", type=_share, default=d.follow_share,
                    metavar="S",
                    help="move a share S of each step's blocks to where a decode's next cycle "

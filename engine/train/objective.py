@@ -220,13 +220,16 @@ def peek_context(draft: DFlashDraft, taps: mx.array, anchors: mx.array,
 
 
 def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
-                  mask: mx.array, peek: mx.array | None = None) -> mx.array:
-    """taps [N, T, n_taps*H], block embeddings [N, A*B, H], anchors [N, A], mask from
-    `context_mask`, `peek` (`Batch.peek`) -> normed hidden states [N, A*B, H] (same as the
-    inference forward)."""
+                  mask: mx.array, peek: mx.array | None = None,
+                  target: TargetAdapter | None = None) -> mx.array:
+    """taps [N, T, n*H] (`DFlashDraft.training_tap_ids`), block embeddings [N, A*B, H],
+    anchors [N, A], mask from `context_mask`, `peek` (`Batch.peek`) -> normed hidden states
+    [N, A*B, H] (same as the inference forward). A draft with a target top needs `target`."""
     if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
         raise NotImplementedError("training sliding-window draft layers is not supported")
     B = draft.args.block_size
+    own = len(draft.args.target_layer_ids) * (taps.shape[-1] // len(draft.training_tap_ids))
+    taps, top_inputs = taps[..., :own], taps[..., own:]
     ctx = draft.project_context(taps)
     seen = None if peek is None else (peek_context(draft, taps, anchors, peek), peek > 0)
     h = block_emb
@@ -234,7 +237,65 @@ def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, ancho
         h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
                                  mask, seen)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if draft.args.target_top:
+        if target is None:
+            raise ValueError("a draft with a target top trains with the target's last layers: "
+                             "pass `target`")
+        h = draft.finished(h.reshape(-1, B, h.shape[-1]), lambda states: _train_top(
+            target, states, top_inputs, anchors, draft.args.target_top)).reshape(h.shape)
     return draft.norm(h)
+
+
+def _train_top(target: TargetAdapter, states: mx.array, inputs: mx.array, anchors: mx.array,
+               count: int) -> mx.array:
+    """Every block's slot states [N * A, K, H] (a run at positions anchor..anchor+K-1)
+    through the target's last `count` layers, as `TargetAdapter.finish_states` runs them in
+    decoding: each layer's keys and values of the context come from its input there (the
+    `top_input_ids` taps, `inputs` [N, T, count * H]), seen before the block's anchor, and
+    the run attends to itself causally."""
+    N, A = anchors.shape
+    K, H = states.shape[1], states.shape[2]
+    x = states.reshape(N, A * K, H)
+    mask = context_mask(anchors, inputs.shape[1], K)
+    first = len(target.layers) - count
+    for i, layer in enumerate(target.layers[first:]):
+        ctx = layer.input_layernorm(inputs[..., i * H:(i + 1) * H])
+        x = x + _top_attention(layer.self_attn, layer.input_layernorm(x), ctx, anchors, K, mask)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x.reshape(N * A, K, H)
+
+
+def _top_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, K: int,
+                   mask: mx.array) -> mx.array:
+    """A target attention module (llama / qwen2 / qwen3 / mistral) on every block's run of
+    K states [N, A*K, H] at positions anchor.., over the context before its anchor (`mask`,
+    keys and values from `ctx` [N, T, H] at positions 0..) and causally over itself."""
+    N, L, _ = x.shape
+    A, hq, hkv = L // K, attn.n_heads, attn.n_kv_heads
+    hd = attn.q_proj.weight.shape[0] // hq
+    g = hq // hkv
+
+    def heads(y: mx.array, n: int, norm: str | None) -> mx.array:
+        y = y.reshape(y.shape[0], y.shape[1], n, hd).transpose(0, 2, 1, 3)
+        return getattr(attn, norm)(y) if norm and hasattr(attn, norm) else y
+
+    q = _rope_blocks(attn.rope, heads(attn.q_proj(x), hq, "q_norm"), anchors, K)
+    k = _rope_blocks(attn.rope, heads(attn.k_proj(x), hkv, "k_norm"), anchors, K)
+    v = heads(attn.v_proj(x), hkv, None)
+    ctx_k = attn.rope(heads(attn.k_proj(ctx), hkv, "k_norm"))
+    ctx_v = heads(attn.v_proj(ctx), hkv, None)
+    T = ctx_k.shape[2]
+    q = (q * attn.scale).reshape(N, hkv, g * L, hd)
+    on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
+    on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
+    on_own = q.reshape(N, hkv, g, A, K, hd) @ k.reshape(N, hkv, 1, A, K, hd).swapaxes(-1, -2)
+    causal = mx.tril(mx.ones((K, K), dtype=mx.bool_))
+    on_own = mx.where(causal, on_own, -mx.inf).reshape(N, hkv, g, L, K)
+    p = mx.softmax(mx.concatenate([on_ctx, on_own], axis=-1), axis=-1, precise=True)
+    out = p[..., :T] @ ctx_v[:, :, None]
+    own = p[..., T:].reshape(N, hkv, g, A, K, K) @ v.reshape(N, hkv, 1, A, K, hd)
+    out = (out + own.reshape(N, hkv, g, L, hd)).reshape(N, hq, L, hd)
+    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
 def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
@@ -281,7 +342,7 @@ def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
     N, A = batch.anchors.shape
     mask = context_mask(batch.anchors, taps.shape[1], B)
     hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask,
-                           batch.peek)
+                           batch.peek, target)
     return hidden.reshape(N, A, B, -1)[:, :, 1:]
 
 
@@ -456,7 +517,7 @@ def anchor_hits(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
     the sequence), row a the anchor at prompt_len + a."""
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
-    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
+    taps = target_taps(target, mx.array(tokens), draft.training_tap_ids)
     K = draft.args.block_size - 1
     hits, valid = [np.zeros((0, K), bool)], [np.zeros((0, K), bool)]
     for lo in range(prompt_len, length[0] - 1, chunk):
