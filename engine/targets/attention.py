@@ -25,6 +25,7 @@ from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
+from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
 from .cpu_attention import KernelProjections, attention_call, kernel_sized
@@ -156,12 +157,19 @@ class AttentionAdapter(TargetAdapter):
                         for layer in self.layers[-count:]))
 
     def finish_states(self, states: mx.array, cache: list[Any], count: int) -> mx.array:
-        L, held = states.shape[1], self.cache_length(cache)
-        mask = mx.concatenate([mx.ones((L, held), dtype=mx.bool_),
-                               mx.tril(mx.ones((L, L), dtype=mx.bool_))], axis=1)
-        first = len(self.layers) - count
-        for layer, c in zip(self.layers[first:], cache[first:]):
-            states = layer(states, mask, cache=RowsView(c))  # RowsView: reads, writes nothing
+        # "causal" with the states after the cache's entries: each sees every entry and
+        # the states up to itself; the layers run as in a verify (the CPU's kernels)
+        masks = {"attention": "causal"}
+        aside = self.blas_aside if states.shape[1] <= cpu_linear.MAX_ROWS else None
+        restore = aside.single_thread() if aside is not None else 0
+        try:
+            for i in range(len(self.layers) - count, len(self.layers)):
+                # RowsView: the cached entries read, nothing written
+                states = self._layer_forward(i, self.layers[i], states, masks,
+                                             RowsView(cache[i]))
+        finally:
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         return states
 
     def compile_verify(self, length: int) -> bool:
