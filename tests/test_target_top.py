@@ -168,3 +168,36 @@ def test_an_added_top_starts_at_the_given_gate(pair, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--model", "m", "--out", "o", "--top-gate", "1.5"])
     assert "between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_match_loss_is_zero_at_the_targets_own_top_input_and_trains(pair, tmp_path):
+    """Slot states equal to the target's input to its top at each slot's position score 0;
+    --top-match trains, and is refused without a top."""
+    from engine.train.objective import make_batch, slot_weights, top_match_loss
+
+    target_dir, draft_dir, target = pair
+    draft = topped(draft_dir, 2)
+    seq = [5, 17, 40, 2, 99, 123, 7, 61, 88, 9, 33, 14, 8, 70]
+    batch = make_batch(Dataset([seq], [3]), [0], 4, draft.args.block_size,
+                       draft.args.mask_token_id, __import__("numpy").random.default_rng(0))
+    taps = target_taps(target, batch.tokens, draft.training_tap_ids)
+    H = draft.args.hidden_size
+    first = len(draft.args.target_layer_ids) * H
+    K = draft.args.block_size - 1
+    pos = mx.minimum(batch.anchors[:, :, None] + mx.arange(K)[None, None], len(seq) - 1)
+    truth = taps[0, pos[0].reshape(-1), first:first + H].reshape(1, -1, K, H)
+    w = slot_weights(draft.args.block_size, 7.0)
+    assert float(top_match_loss(draft, truth, taps, batch, w)) < 1e-9
+    assert float(top_match_loss(draft, truth * 0.5, taps, batch, w)) > 0.2
+    data = tmp_path / "data.npz"
+    Dataset([seq] * 6, [3] * 6).save(data)
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "out"), "--init",
+            str(draft_dir), "--steps", "3", "--batch", "2", "--anchors", "2", "--data",
+            str(data), "--val-size", "2", "--val-every", "100", "--no-progress"]
+    log = train(TrainConfig(**vars(build_parser().parse_args(
+        [*argv, "--target-top", "2", "--top-gate", "1", "--top-match", "0.5"]))),
+        say=lambda m: None)
+    assert log["config"]["top_match"] == 0.5 and log["steps"] == 3
+    with pytest.raises(ConfigError, match="no top"):
+        train(TrainConfig(**vars(build_parser().parse_args([*argv, "--top-match", "1"]))),
+              say=lambda m: None)

@@ -146,6 +146,7 @@ class TrainConfig:
     # the target's last this many layers finish the draft's slot states (`add_top`); 0: none
     target_top: int = 0
     top_gate: float = 0.0  # the added top's gate at the start (0: the draft as it was)
+    top_match: float = 0.0  # weight of `top_match_loss` beside the cross-entropy (0: off)
 
     @property
     def gamma(self) -> float:
@@ -556,6 +557,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         if cfg.init and draft.args.anchor_peek != max(cfg.anchor_peek):
             say(f"anchor peek {draft.args.anchor_peek} -> {max(cfg.anchor_peek)} taps")
         draft.args.anchor_peek = max(cfg.anchor_peek)
+    if cfg.top_match and not (cfg.target_top or draft.args.target_top):
+        raise ConfigError("--top-match pulls the draft's states toward the target top's input, "
+                          "and this draft has no top. Fix: add one with --target-top N.")
     if cfg.target_top:
         if not target.can_finish(cfg.target_top):
             raise ConfigError(f"--target-top {cfg.target_top}: a {target.family} target of "
@@ -581,7 +585,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     loss_and_grad = nn.value_and_grad(draft, lambda b, t, s, bw: block_loss(
-        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw))
+        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw,
+        cfg.top_match))
     uses_soft = cfg.distill > 0 or cfg.confidence_power > 0
     uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
@@ -964,6 +969,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an added top's gate at the start, 0 (default: the draft as it was; "
                         "the gate then opens only as far as training pushes it) to 1 (its "
                         "states wholly through the target's last layers)")
+    p.add_argument("--top-match", type=_strength, default=d.top_match, metavar="W",
+                   help="with a target top: add W times how far the slot states sit from the "
+                        "target's own input to its top at each slot's position (relative "
+                        "squared distance) to the loss; 0 (default): off")
     p.add_argument("--follow-ups", dest="follow_share", type=_share, default=d.follow_share,
                    metavar="S",
                    help="move a share S of each step's blocks to where a decode's next cycle "

@@ -221,10 +221,12 @@ def peek_context(draft: DFlashDraft, taps: mx.array, anchors: mx.array,
 
 def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
                   mask: mx.array, peek: mx.array | None = None,
-                  target: TargetAdapter | None = None) -> mx.array:
+                  target: TargetAdapter | None = None, with_states: bool = False
+                  ) -> mx.array | tuple[mx.array, mx.array]:
     """taps [N, T, n*H] (`DFlashDraft.training_tap_ids`), block embeddings [N, A*B, H],
     anchors [N, A], mask from `context_mask`, `peek` (`Batch.peek`) -> normed hidden states
-    [N, A*B, H] (same as the inference forward). A draft with a target top needs `target`."""
+    [N, A*B, H] (same as the inference forward); `with_states`: and the states before the
+    target top [N, A*B, H]. A draft with a target top needs `target`."""
     if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
         raise NotImplementedError("training sliding-window draft layers is not supported")
     B = draft.args.block_size
@@ -237,13 +239,14 @@ def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, ancho
         h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
                                  mask, seen)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    states = h
     if draft.args.target_top:
         if target is None:
             raise ValueError("a draft with a target top trains with the target's last layers: "
                              "pass `target`")
         h = draft.finished(h.reshape(-1, B, h.shape[-1]), lambda states: _train_top(
             target, states, top_inputs, anchors, draft.args.target_top)).reshape(h.shape)
-    return draft.norm(h)
+    return (draft.norm(h), states) if with_states else draft.norm(h)
 
 
 def _train_top(target: TargetAdapter, states: mx.array, inputs: mx.array, anchors: mx.array,
@@ -336,14 +339,38 @@ def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
 
 
 def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
-                taps: mx.array) -> mx.array:
-    """-> the draft's hidden states [N, A, B-1, H] at slots 1..B-1 of every block."""
+                taps: mx.array, with_states: bool = False
+                ) -> mx.array | tuple[mx.array, mx.array]:
+    """-> the draft's hidden states [N, A, B-1, H] at slots 1..B-1 of every block;
+    `with_states`: and its states there before the target top (`train_forward`)."""
     B = draft.args.block_size
     N, A = batch.anchors.shape
     mask = context_mask(batch.anchors, taps.shape[1], B)
-    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask,
-                           batch.peek, target)
-    return hidden.reshape(N, A, B, -1)[:, :, 1:]
+    out = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask,
+                        batch.peek, target, with_states)
+    hidden, states = out if with_states else (out, None)
+    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
+    if not with_states:
+        return hidden
+    return hidden, states.reshape(N, A, B, -1)[:, :, 1:]
+
+
+def top_match_loss(draft: DFlashDraft, states: mx.array, taps: mx.array, batch: Batch,
+                   weights: mx.array) -> mx.array:
+    """How far the slot states [N, A, B-1, H] sit from what the target top reads in the
+    target's own forward: slot k's from the target's input to its top at position
+    anchor + k - 1 (the first `top_input_ids` tap), as a squared distance relative to that
+    input's own size, weighted as the loss weighs the slots. A trained draft's states are
+    made for the head, not for the top: this shows it the top's kind of input."""
+    N, A, K, H = states.shape
+    T = taps.shape[1]
+    first = len(draft.args.target_layer_ids) * H  # the top's inputs follow the draft's taps
+    pos = mx.minimum(batch.anchors[:, :, None] + mx.arange(K)[None, None], T - 1)
+    truth = mx.take_along_axis(taps[..., first:first + H], pos.reshape(N, A * K)[..., None],
+                               axis=1).reshape(N, A, K, H)
+    err = ((states - truth) ** 2).mean(axis=-1) / mx.maximum((truth ** 2).mean(axis=-1), 1e-6)
+    w = batch.valid * weights
+    return (err * w).sum() / mx.maximum(w.sum(), 1e-6)
 
 
 def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
@@ -433,23 +460,28 @@ def repeat_weights(repeats: mx.array, weight: float) -> mx.array:
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
                soft_weight: float = 0.0, confidence_power: float = 0.0,
-               extra_weights: mx.array | None = None) -> mx.array:
+               extra_weights: mx.array | None = None, top_match: float = 0.0) -> mx.array:
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
     says how close the runner-up tokens were, with `confidence_power` c each slot
     weighted by the target's probability of its label to the power c, and by
     `extra_weights`: per block [N, A, 1] (`surprise_weights`) or per slot [N, A, B-1]
-    (`repeat_weights`)."""
-    if draft.chain is None:
+    (`repeat_weights`); plus `top_match` times `top_match_loss` (a draft with a target top)."""
+    matching = top_match > 0 and draft.args.target_top > 0
+    if draft.chain is None and not matching:
         return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
                          soft_weight, confidence_power, extra_weights)
     head = head or target.lm_head
-    hidden = slot_hidden(draft, target, batch, taps)
-    chained = head(draft.chain(hidden, target.embed(previous_tokens(batch))))
-    loss = slot_loss(chained, batch, weights, soft, soft_weight, confidence_power,
-                     extra_weights)
-    if not draft.fc.trainable_parameters():  # the draft frozen: the chain trains alone
-        return loss
+    hidden, states = slot_hidden(draft, target, batch, taps, with_states=True)
+    loss = mx.array(0.0)
+    if matching:
+        loss = top_match * top_match_loss(draft, states, taps, batch, weights)
+    if draft.chain is not None:
+        chained = head(draft.chain(hidden, target.embed(previous_tokens(batch))))
+        loss = loss + slot_loss(chained, batch, weights, soft, soft_weight, confidence_power,
+                                extra_weights)
+        if not draft.fc.trainable_parameters():  # the draft frozen: the chain trains alone
+            return loss
     return loss + slot_loss(head(hidden), batch, weights, soft, soft_weight,
                             confidence_power, extra_weights)
 
