@@ -78,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     context = rt.encode([{"role": "user", "content": "Explain how a refrigerator works."}])
     context += [(7 * i + 11) % 1000 + 100 for i in range(300 - len(context))]
     head = build_draft_head(rt.target, rt.token_ranking, CPU_DRAFT_VOCAB, context)
+    # copied before any forward: a forward keeps a handle on the BLAS (ctypes) in the draft
+    quantized = {bits: copy.deepcopy(rt.draft) for bits in (8, 4)}
     rows = {"float32": forward_ms(rt, rt.draft, head, context, args.iters)}
     for bits in (8, 4):
-        quantized = copy.deepcopy(rt.draft)
-        nn.quantize(quantized, group_size=GROUP, bits=bits)
-        rows[f"q{bits} layers, float32 head"] = forward_ms(rt, quantized, head, context,
+        nn.quantize(quantized[bits], group_size=GROUP, bits=bits)
+        rows[f"q{bits} layers, float32 head"] = forward_ms(rt, quantized[bits], head, context,
                                                            args.iters)
         rows[f"float32 layers, q{bits} head"] = forward_ms(rt, rt.draft,
                                                            QuantizedHead(head, bits), context,
