@@ -133,7 +133,14 @@
 #            GEN_GPUS=1 GEN_DEVICE=0 GEN_S=200 NUM_PROMPTS=129000 (slice 1/2: 26,094 answers),
 #            then the stage-35 run-1 call with TRAIN_S=250 TAIL_S=200 (the chain alone; not
 #            shipped: slower on the H200 too, benchmarks/README.md "Stage 36 session")
-#   next: answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
+#   stage 37 (one H200): the GGUF and stage 36's gen-36-1.npz staged; SOLO=1 PART=train
+#            PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" with LR=1e-4 TRAIN_S=300 TAIL_S=200
+#            TRAIN_ARGS="--follow-ups 0.5", the same without TRAIN_ARGS (the control), LR=5e-5
+#            TRAIN_S=270 TRAIN_ARGS="--follow-ups 1", then LR=5e-5 TRAIN_S=130 TAIL_S=110
+#            TRAIN_ARGS="--target-top 2" (none shipped: benchmarks/README.md "Stage 37 session")
+#   next: TRAIN_ARGS="--target-top 2 --top-gate 1 --top-match 0.5" (the top open from the
+#            start) for one whole schedule, and the control at the same lr beside it; then
+#            answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
 #            distinct sequences) left the suites level, as stage 21's five layers on 161K did;
 #            gen-30-0 to gen-33-0 are in ~/.cache/dflash-chat/train-data/stage3{0,1,2,3}/ if
 #            the cache kept them. Make each
