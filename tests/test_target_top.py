@@ -115,6 +115,10 @@ def test_the_top_is_refused_where_the_target_cannot_finish(tiny_pairs, tmp_path)
     from engine import DFlashRuntime
     with pytest.raises(PairingError, match="target_top"):
         DFlashRuntime.from_pretrained(model=str(target), draft=str(folder))
+    plain = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    topped_draft = add_top(plain.draft, 1)
+    with pytest.raises(ConfigError, match="target of .* layers cannot run on them"):
+        DFlashRuntime(plain.model, plain.tokenizer, topped_draft)
 
 
 def test_train_draft_adds_a_top_that_learns_saves_and_decodes(pair, tmp_path, capsys):
