@@ -162,22 +162,39 @@ def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.ar
     against every other block's slots. `peek` (`peek_context`'s features [N, A, H] and
     which blocks see them [N, A]): one more context entry per block, at its anchor."""
     N, L, _ = x.shape
-    A, hq, hkv, hd = L // B, attn.n_heads, attn.n_kv_heads, attn.head_dim
-    g = hq // hkv  # query heads per KV head
+    hq, hkv = attn.n_heads, attn.n_kv_heads
     q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), hq)), anchors, B)
     k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), hkv)), anchors, B)
     v = attn._heads(attn.v_proj(x), hkv)
     ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
-    T = ctx_k.shape[2]
-    q = (q * attn.scale).reshape(N, hkv, g * L, hd)
+    peek_kv = None if peek is None else (*_peek_kv(attn, *peek, anchors), peek[1])
+    out = _blockwise_attention(q * attn.scale, k, v, ctx_k, ctx_v, mask, B, peek=peek_kv)
+    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+
+
+def _blockwise_attention(q: mx.array, k: mx.array, v: mx.array, ctx_k: mx.array,
+                         ctx_v: mx.array, mask: mx.array, B: int, causal: bool = False,
+                         peek: tuple[mx.array, mx.array, mx.array] | None = None) -> mx.array:
+    """The attention of every block's B queries (q [N, hq, A*B, hd], scaled; k, v
+    [N, hkv, A*B, hd]) over the context they see (`mask`, ctx_k / ctx_v [N, hkv, T, hd]) and
+    their own block's slots (all of them, or up to their own with `causal`), one softmax
+    across both, without scoring a query against any other block. `peek` (keys and values
+    [N, hkv, A, hd], which blocks see them [N, A]): one more entry per block.
+    -> [N, hq, A*B, hd]."""
+    N, hq, L, hd = q.shape
+    hkv, T = k.shape[1], ctx_k.shape[2]
+    A, g = L // B, hq // hkv  # g: query heads per KV head
+    q = q.reshape(N, hkv, g * L, hd)
     on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
     on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
     on_own = q.reshape(N, hkv, g, A, B, hd) @ k.reshape(N, hkv, 1, A, B, hd).swapaxes(-1, -2)
+    if causal:
+        on_own = mx.where(mx.tril(mx.ones((B, B), dtype=mx.bool_)), on_own, -mx.inf)
     scores = [on_ctx, on_own.reshape(N, hkv, g, L, B)]
     if peek is not None:
-        peek_k, peek_v = _peek_kv(attn, *peek, anchors)  # [N, hkv, A, hd] each
+        peek_k, peek_v, seen_by = peek
         on_peek = q.reshape(N, hkv, g, A, B, hd) @ peek_k[:, :, None, :, :, None]
-        scores.append(mx.where(peek[1][:, None, None, :, None, None], on_peek, -mx.inf)
+        scores.append(mx.where(seen_by[:, None, None, :, None, None], on_peek, -mx.inf)
                       .reshape(N, hkv, g, L, 1))
     p = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1, precise=True)
     out = p[..., :T] @ ctx_v[:, :, None]
@@ -186,8 +203,7 @@ def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.ar
     if peek is not None:
         seen = p[..., T + B:].reshape(N, hkv, g, A, B, 1) * peek_v[:, :, None, :, None, :]
         out = out + seen.reshape(N, hkv, g, L, hd)
-    out = out.reshape(N, hq, L, hd)
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+    return out.reshape(N, hq, L, hd)
 
 
 def _peek_kv(attn: nn.Module, features: mx.array, seen: mx.array, anchors: mx.array
@@ -274,9 +290,8 @@ def _top_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.arra
     K states [N, A*K, H] at positions anchor.., over the context before its anchor (`mask`,
     keys and values from `ctx` [N, T, H] at positions 0..) and causally over itself."""
     N, L, _ = x.shape
-    A, hq, hkv = L // K, attn.n_heads, attn.n_kv_heads
+    hq, hkv = attn.n_heads, attn.n_kv_heads
     hd = attn.q_proj.weight.shape[0] // hq
-    g = hq // hkv
 
     def heads(y: mx.array, n: int, norm: str | None) -> mx.array:
         y = y.reshape(y.shape[0], y.shape[1], n, hd).transpose(0, 2, 1, 3)
@@ -287,17 +302,7 @@ def _top_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.arra
     v = heads(attn.v_proj(x), hkv, None)
     ctx_k = attn.rope(heads(attn.k_proj(ctx), hkv, "k_norm"))
     ctx_v = heads(attn.v_proj(ctx), hkv, None)
-    T = ctx_k.shape[2]
-    q = (q * attn.scale).reshape(N, hkv, g * L, hd)
-    on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
-    on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
-    on_own = q.reshape(N, hkv, g, A, K, hd) @ k.reshape(N, hkv, 1, A, K, hd).swapaxes(-1, -2)
-    causal = mx.tril(mx.ones((K, K), dtype=mx.bool_))
-    on_own = mx.where(causal, on_own, -mx.inf).reshape(N, hkv, g, L, K)
-    p = mx.softmax(mx.concatenate([on_ctx, on_own], axis=-1), axis=-1, precise=True)
-    out = p[..., :T] @ ctx_v[:, :, None]
-    own = p[..., T:].reshape(N, hkv, g, A, K, K) @ v.reshape(N, hkv, 1, A, K, hd)
-    out = (out + own.reshape(N, hkv, g, L, hd)).reshape(N, hq, L, hd)
+    out = _blockwise_attention(q * attn.scale, k, v, ctx_k, ctx_v, mask, K, causal=True)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
