@@ -138,14 +138,19 @@
 #            TRAIN_ARGS="--follow-ups 0.5", the same without TRAIN_ARGS (the control), LR=5e-5
 #            TRAIN_S=270 TRAIN_ARGS="--follow-ups 1", then LR=5e-5 TRAIN_S=130 TAIL_S=110
 #            TRAIN_ARGS="--target-top 2" (none shipped: benchmarks/README.md "Stage 37 session")
-#   next: TRAIN_ARGS="--target-top 2 --top-gate 1 --top-match 0.5" (the top open from the
-#            start) for one whole schedule, and the control at the same lr beside it; then
-#            answer slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0); four sessions' answers (stage 33: 129K
-#            distinct sequences) left the suites level, as stage 21's five layers on 161K did;
-#            gen-30-0 to gen-33-0 are in ~/.cache/dflash-chat/train-data/stage3{0,1,2,3}/ if
-#            the cache kept them. Make each
-#            training call one whole schedule, so a machine lost between calls costs nothing;
-#            each call's files stay under its own files_at (copy them after the last call).
+#   stage 38 (one H200): the same staged once; after PART=setup of run-gpu.sh, SOLO=1
+#            PART=train PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" LR=1e-4 TRAIN_S=300 TAIL_S=200
+#            with TRAIN_ARGS="--target-top 2 --top-gate 1 --top-match 0.5", then "--target-top
+#            2 --top-gate 0 --top-match 0.5", then INIT=.carry/initA.tar (the first run's
+#            folder) with "--top-match 0.5" (stage 37's control the control; none shipped:
+#            benchmarks/README.md "Stage 38 session")
+#   next: the target top is closed (training shuts its gate whichever way it starts) and so
+#            is a larger block (stage 38's bound); what moved the suites was the anchor read
+#            through the target's layers (stage 34's peek, too dear per cycle). Fresh answers
+#            to slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0) remain; four sessions' answers (stage 33:
+#            129K distinct sequences) left the suites level, as stage 21's five layers on
+#            161K did. Make each training call one whole schedule, so a machine lost
+#            between calls costs nothing; each call's files stay under its own files_at.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
