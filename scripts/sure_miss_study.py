@@ -1,0 +1,130 @@
+"""How much the draft loses on tokens the target is sure of, and whether a short look back
+finds them: on a `draft_acceptance.py --walk` report's greedy replies, the draft-alone walk
+(`objective.walk_cycles`) as it is and as if every slot whose token the target gives at
+least probability t (`--sure`, repeatable) were right; and the target's own pick from only
+the last W tokens (`--window`, repeatable) against the draft's first slot: alone, on the
+draft's misses, and right where either is (an oracle choosing between them).
+
+    python scripts/draft_acceptance.py --draft D --limit 8 --walk --heldout \
+        benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
+    python scripts/sure_miss_study.py walk.json --draft D --sure 0.99 --sure 0.9 --sure 0.7 \
+        --window 2 --window 3 --json F
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS before MLX loads)
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from engine.bench.environment import machine_info, versions  # noqa: E402
+from engine.runtime import DFlashRuntime  # noqa: E402
+from engine.train.objective import anchor_hits, walk_cycles  # noqa: E402
+
+CHUNK = 256  # short-window rows per target forward
+
+
+def sure_hits(hits: np.ndarray, valid: np.ndarray, confidence: np.ndarray, prompt_len: int,
+              sure: float) -> np.ndarray:
+    """`hits` [n, K] (row a: the block anchored at prompt_len + a, slot k + 1 predicting the
+    token at prompt_len + a + k + 1) with every valid slot made right where the target's
+    probability of that token (`confidence[p]`: of the token at p + 1) is at least `sure`."""
+    n, K = hits.shape
+    pos = prompt_len + np.arange(n)[:, None] + np.arange(K)[None]
+    conf = confidence[np.minimum(pos, len(confidence) - 1)]
+    return hits | (valid & (conf >= sure))
+
+
+def walk_tokens(hits: np.ndarray, valid: np.ndarray, reply_len: int) -> tuple[int, int]:
+    """(tokens, cycles) of the draft-alone walk through one reply with these slot hits."""
+    runs = np.cumprod(hits & valid, axis=-1).sum(axis=-1)
+    cycles = walk_cycles(runs, reply_len)
+    return sum(cycles), len(cycles)
+
+
+def windows(seq: list[int], anchors: np.ndarray, width: int) -> np.ndarray:
+    """[len(anchors), width]: the last `width` tokens up to each anchor (the sequence's
+    first token repeated where the window would start before it)."""
+    idx = anchors[:, None] - width + 1 + np.arange(width)[None]
+    return np.asarray(seq, np.int32)[np.maximum(idx, 0)]
+
+
+def window_picks(model, seq: list[int], anchors: np.ndarray, width: int) -> np.ndarray:
+    """The target's greedy pick after each anchor from only the last `width` tokens."""
+    rows = windows(seq, anchors, width)
+    picks = [np.array(mx.argmax(model(mx.array(rows[i:i + CHUNK]))[:, -1], axis=-1))
+             for i in range(0, len(rows), CHUNK)]
+    return np.concatenate(picks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("walk", type=Path, help="a draft_acceptance.py --walk report")
+    p.add_argument("--draft", help="draft folder (default: the default pair's)")
+    p.add_argument("--sure", type=float, action="append", default=None,
+                   help="a target probability at and above which slots count as right "
+                        "(repeatable; default 0.99, 0.9, 0.7)")
+    p.add_argument("--window", type=int, action="append", default=None,
+                   help="a short look back, in tokens (repeatable; default 2, 3)")
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    sures = args.sure or [0.99, 0.9, 0.7]
+    widths = args.window or [2, 3]
+    if any(not 0 <= s <= 1 for s in sures) or any(w < 1 for w in widths):
+        p.error("--sure takes probabilities in [0, 1] and --window widths of 1 or more")
+    report = json.loads(args.walk.read_text())
+    replies = next(iter(report["drafts"].values()))
+    suites = {s: runs["runs"] for s, runs in replies.items() if s != "heldout"}
+    if not all("reply" in r for runs in suites.values() for r in runs):
+        p.error(f"{args.walk}: its runs keep no replies. Fix: make it with --walk.")
+    rt = DFlashRuntime.from_pretrained(draft=args.draft)
+    draft = rt.draft
+    out = {"command": "python " + " ".join(sys.argv), "walk": str(args.walk),
+           "machine": machine_info(), "versions": versions(), "sets": {}}
+    for suite, runs in suites.items():
+        walked = {"draft": [0, 0], **{str(s): [0, 0] for s in sures}}
+        first, short = [], {w: [] for w in widths}
+        for r in runs:
+            seq, prompt_len = r["prompt_tokens"] + r["reply"], len(r["prompt_tokens"])
+            hits, valid = anchor_hits(draft, rt.target, seq, prompt_len)
+            logits = rt.model(mx.array(seq)[None])[0].astype(mx.float32)
+            confidence = np.array(mx.softmax(logits, axis=-1).max(axis=-1))
+            reply_len = len(seq) - prompt_len
+            for key in walked:
+                h = hits if key == "draft" else sure_hits(hits, valid, confidence,
+                                                            prompt_len, float(key))
+                tokens, cycles = walk_tokens(h, valid, reply_len)
+                walked[key][0] += tokens
+                walked[key][1] += cycles
+            first.append(hits[:, 0])
+            anchors = prompt_len + np.arange(len(hits))
+            labels = np.asarray(seq, np.int32)[anchors + 1]
+            for w in widths:
+                short[w].append(window_picks(rt.model, seq, anchors, w) == labels)
+        hit = np.concatenate(first)
+        row = {"anchors": int(len(hit)), "first_slot_agree": float(hit.mean()),
+               "walk": {k: t / c for k, (t, c) in walked.items()}, "window": {}}
+        for w in widths:
+            s = np.concatenate(short[w])
+            row["window"][str(w)] = {"agree": float(s.mean()),
+                                     "on_draft_misses": float(s[~hit].mean()) if (~hit).any()
+                                     else None, "either": float((s | hit).mean())}
+        out["sets"][suite] = row
+        walks = "  ".join(f"{k} {v:.2f}" for k, v in row["walk"].items())
+        looks = "  ".join(f"W={w} {v['agree']:.3f}/{v['either']:.3f}"
+                          for w, v in row["window"].items())
+        print(f"{suite:9s} first slot {row['first_slot_agree']:.3f}  walk: {walks}  "
+              f"look back (alone/either): {looks}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
