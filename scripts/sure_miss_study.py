@@ -1,9 +1,9 @@
 """How much the draft loses on tokens the target is sure of, and whether a short look back
 finds them: on a `draft_acceptance.py --walk` report's greedy replies, the draft-alone walk
-(`objective.walk_cycles`) as it is and as if every slot whose token the target gives at
-least probability t (`--sure`, repeatable) were right; and the target's own pick from only
-the last W tokens (`--window`, repeatable) against the draft's first slot: alone, on the
-draft's misses, and right where either is (an oracle choosing between them).
+(pooled as `block_size_bound.py` pools it) as it is and as if every slot whose token the
+target gives at least probability t (`--sure`, repeatable) were right; and the target's own
+pick from only the last W tokens (`--window`, repeatable) against the draft's first slot:
+alone, on the draft's misses, and right where either is (an oracle choosing between them).
 
     python scripts/draft_acceptance.py --draft D --limit 8 --walk --heldout \
         benchmarks/stage5/heldout.npz --heldout-limit 40 --json walk.json
@@ -23,9 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import engine  # noqa: E402,F401,I001  (first: the fast CPU BLAS before MLX loads)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from agreement_by_confidence import target_confidence  # noqa: E402  (on the path when run)
+from block_size_bound import walk_tokens_per_cycle  # noqa: E402
 from engine.bench.environment import machine_info, versions  # noqa: E402
 from engine.runtime import DFlashRuntime  # noqa: E402
-from engine.train.objective import anchor_hits, walk_cycles  # noqa: E402
+from engine.train.objective import anchor_hits  # noqa: E402
 
 CHUNK = 256  # short-window rows per target forward
 
@@ -34,18 +36,17 @@ def sure_hits(hits: np.ndarray, valid: np.ndarray, confidence: np.ndarray, promp
               sure: float) -> np.ndarray:
     """`hits` [n, K] (row a: the block anchored at prompt_len + a, slot k + 1 predicting the
     token at prompt_len + a + k + 1) with every valid slot made right where the target's
-    probability of that token (`confidence[p]`: of the token at p + 1) is at least `sure`."""
+    probability of that token (`confidence[p]`: of the token at p + 1, `target_confidence`
+    from position 0) is at least `sure`."""
     n, K = hits.shape
     pos = prompt_len + np.arange(n)[:, None] + np.arange(K)[None]
     conf = confidence[np.minimum(pos, len(confidence) - 1)]
     return hits | (valid & (conf >= sure))
 
 
-def walk_tokens(hits: np.ndarray, valid: np.ndarray, reply_len: int) -> tuple[int, int]:
-    """(tokens, cycles) of the draft-alone walk through one reply with these slot hits."""
-    runs = np.cumprod(hits & valid, axis=-1).sum(axis=-1)
-    cycles = walk_cycles(runs, reply_len)
-    return sum(cycles), len(cycles)
+def hit_runs(hits: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Each anchor's run (right slots before the first wrong one) from its slot hits."""
+    return np.cumprod(hits & valid, axis=-1).sum(axis=-1)
 
 
 def windows(seq: list[int], anchors: np.ndarray, width: int) -> np.ndarray:
@@ -88,20 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": "python " + " ".join(sys.argv), "walk": str(args.walk),
            "machine": machine_info(), "versions": versions(), "sets": {}}
     for suite, runs in suites.items():
-        walked = {"draft": [0, 0], **{str(s): [0, 0] for s in sures}}
+        walked: dict[str, list] = {"draft": [], **{str(s): [] for s in sures}}
         first, short = [], {w: [] for w in widths}
         for r in runs:
             seq, prompt_len = r["prompt_tokens"] + r["reply"], len(r["prompt_tokens"])
             hits, valid = anchor_hits(draft, rt.target, seq, prompt_len)
-            logits = rt.model(mx.array(seq)[None])[0].astype(mx.float32)
-            confidence = np.array(mx.softmax(logits, axis=-1).max(axis=-1))
+            confidence = target_confidence(rt.model, seq, 0)  # [p]: of the token at p + 1
             reply_len = len(seq) - prompt_len
             for key in walked:
                 h = hits if key == "draft" else sure_hits(hits, valid, confidence,
                                                             prompt_len, float(key))
-                tokens, cycles = walk_tokens(h, valid, reply_len)
-                walked[key][0] += tokens
-                walked[key][1] += cycles
+                walked[key].append((hit_runs(h, valid), reply_len))
             first.append(hits[:, 0])
             anchors = prompt_len + np.arange(len(hits))
             labels = np.asarray(seq, np.int32)[anchors + 1]
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 short[w].append(window_picks(rt.model, seq, anchors, w) == labels)
         hit = np.concatenate(first)
         row = {"anchors": int(len(hit)), "first_slot_agree": float(hit.mean()),
-               "walk": {k: t / c for k, (t, c) in walked.items()}, "window": {}}
+               "walk": {k: walk_tokens_per_cycle(v) for k, v in walked.items()}, "window": {}}
         for w in widths:
             s = np.concatenate(short[w])
             row["window"][str(w)] = {"agree": float(s.mean()),

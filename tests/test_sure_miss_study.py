@@ -4,10 +4,13 @@ short look back's rows."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
-from script_modules import load_script
+from script_modules import SCRIPTS, load_script
+
+sys.path.insert(0, str(SCRIPTS))  # sure_miss_study imports two other scripts, as when run
 
 study = load_script("sure_miss_study")
 
@@ -27,8 +30,9 @@ def test_the_walk_counts_one_cycle_per_run_and_miss():
     n = 6  # reply tokens: anchors 0..4
     none = np.zeros((n - 1, 3), bool)
     valid = np.ones((n - 1, 3), bool)
-    assert study.walk_tokens(none, valid, n) == (5, 5)
-    assert study.walk_tokens(valid, valid, n) == (5, 2)  # 4 tokens, then the last one
+    walk = study.walk_tokens_per_cycle
+    assert walk([(study.hit_runs(none, valid), n)]) == 5 / 5
+    assert walk([(study.hit_runs(valid, valid), n)]) == 5 / 2  # 4 tokens, then the last one
 
 
 def test_windows_end_at_their_anchor_and_clamp_at_the_start():
