@@ -23,8 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,18 +248,6 @@ class Threads:
             return 0
         self.set(1)
         return count
-
-
-@contextmanager
-def one_thread(threads: Threads | None) -> Iterator[None]:
-    """OpenBLAS on the calling thread alone inside the block, its count restored after
-    (None: no OpenBLAS to hold, as `cpu_linear.blas_aside` says where it is not wanted)."""
-    restore = threads.single_thread() if threads is not None else 0
-    try:
-        yield
-    finally:
-        if restore:
-            threads.set(restore)  # type: ignore[union-attr]
 
 
 def openblas_threads() -> Threads | None:

@@ -393,9 +393,13 @@ class DFlashDraft(nn.Module):
         cpu = current() == "cpu"
         aside = self._blas_aside() if cpu and h.shape[0] * h.shape[1] <= cpu_linear.MAX_ROWS \
             else None
-        with blas.one_thread(aside):  # cpu_linear.blas_aside
+        restore = aside.single_thread() if aside is not None else 0  # cpu_linear.blas_aside
+        try:
             for layer, c in zip(self.layers, cache):
                 h = layer(h, c, start, cpu, context_mask)
+        finally:
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         if self.args.target_top:
             h = self.finished(h, finish)  # type: ignore[arg-type]
         return self.norm(h)

@@ -175,26 +175,3 @@ def test_partial_copy_of_a_killed_start_is_removed(tmp_path):
     out, errors, bound = run(SHOW, tmp_path)
     assert out == f"pypi|{library}" and errors == "" and os.path.samefile(bound, library)
     assert not leftover.exists()
-
-
-def test_one_thread_holds_openblas_on_one_thread_and_restores_its_count():
-    calls = []
-    count = {"n": 4}
-
-    def set_(n: int) -> None:
-        calls.append(n)
-        count["n"] = n
-
-    threads = blas.Threads(lambda: count["n"], set_)
-    with blas.one_thread(threads):
-        assert count["n"] == 1
-    assert count["n"] == 4 and calls == [1, 4]
-    with pytest.raises(RuntimeError), blas.one_thread(threads):
-        raise RuntimeError("a forward failed")
-    assert count["n"] == 4  # restored on the way out of an error too
-    count["n"], calls[:] = 1, []
-    with blas.one_thread(threads):  # already on one thread: nothing to set or restore
-        pass
-    assert calls == []
-    with blas.one_thread(None):  # no OpenBLAS to hold
-        pass

@@ -24,7 +24,6 @@ import mlx.nn as nn
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
-from .. import blas
 from ..device import current
 from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
@@ -137,13 +136,17 @@ class AttentionAdapter(TargetAdapter):
 
     def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
         depth = max(tap_ids) + 1
-        with blas.one_thread(self.blas_aside):
+        restore = self.blas_aside.single_thread() if self.blas_aside is not None else 0
+        try:
             h = self.inner.embed_tokens(mx.array([[token]]))
             masks = self._masks(h, cache)
             outputs = {}
             for i in range(depth):
                 h = self._layer_forward(i, self.layers[i], h, masks, cache[i])
                 outputs[i] = h
+        finally:
+            if restore:
+                self.blas_aside.set(restore)  # type: ignore[union-attr]
         for c in cache[:depth]:
             c.trim(1)  # the verify writes the token's entries again, after every layer
         return mx.concatenate([outputs[i] for i in tap_ids], axis=-1)
@@ -158,11 +161,15 @@ class AttentionAdapter(TargetAdapter):
         # the states up to itself; the layers run as in a verify (the CPU's kernels)
         masks = {"attention": "causal"}
         aside = self.blas_aside if states.shape[1] <= cpu_linear.MAX_ROWS else None
-        with blas.one_thread(aside):
+        restore = aside.single_thread() if aside is not None else 0
+        try:
             for i in range(len(self.layers) - count, len(self.layers)):
                 # RowsView: the cached entries read, nothing written
                 states = self._layer_forward(i, self.layers[i], states, masks,
                                              RowsView(cache[i]))
+        finally:
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         return states
 
     def compile_verify(self, length: int) -> bool:

@@ -21,7 +21,6 @@ from mlx_lm.models import llama, qwen2, qwen3, qwen3_next
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import make_prompt_cache
 
-from .. import blas
 from ..device import current
 from ..kernels import cpu_linear, cpu_swiglu
 
@@ -265,7 +264,8 @@ class TargetAdapter:
         `last_only` computes logits for the last position only (prefill chunks).
         """
         aside = self.blas_aside if tokens.size <= cpu_linear.MAX_ROWS else None
-        with blas.one_thread(aside):
+        restore = aside.single_thread() if aside is not None else 0
+        try:
             h = self.inner.embed_tokens(tokens)
             masks = self._masks(h, cache)
             wanted = set(tap_ids)
@@ -280,6 +280,9 @@ class TargetAdapter:
             if last_only:
                 h = h[:, -1:]
             logits = self.lm_head(self.inner.norm(h))
+        finally:
+            if restore:
+                aside.set(restore)  # type: ignore[union-attr]
         taps = [outputs[i] for i in tap_ids]
         feats = mx.concatenate(taps, axis=-1) if taps else h[..., :0]
         return logits, feats
