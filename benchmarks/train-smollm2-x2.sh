@@ -246,13 +246,15 @@ solo() {  # solo SECONDS LOG ARGS...: one training process on GPU ${SOLO_GPU:-0}
     python3 -m engine.train "$@" --train-seconds "$s"
   grep -v "^ *$" "$log" | tail -n 20
 }
-pack() {  # pack [DRAFT_DIR [OUT_DIR]]: meta tar + weights in two halves
+pack() {  # pack [DRAFT_DIR [OUT_DIR]]: meta tar + weights in parts of about 10 MB
+  # (a returned file is capped at 16 MB: a 6-layer draft's two halves were 24 and 21 MB)
   local dir=${1:-/root/draft} out=${2:-$OUT}
   mkdir -p "$out"
   tar -C "$dir" -cf "$out/draft-meta.tar" config.json token_ranking.json train-log.json
-  python3 -c "import mlx.core as mx, sys; w = mx.load(sys.argv[2] + '/model.safetensors'); \
-k = sorted(w); [mx.save_safetensors(f'{sys.argv[1]}/draft-weights-{i}.safetensors', \
-{n: w[n] for n in k[i::2]}) for i in (0, 1)]" "$out" "$dir"
+  python3 -c "import mlx.core as mx, os, sys; f = sys.argv[2] + '/model.safetensors'; \
+w = mx.load(f); k = sorted(w); n = max(2, -(-os.path.getsize(f) // 10_000_000)); \
+[mx.save_safetensors(f'{sys.argv[1]}/draft-weights-{i}.safetensors', \
+{m: w[m] for m in k[i::n]}) for i in range(n)]" "$out" "$dir"
 }
 
 case "${PART:-}" in
