@@ -47,3 +47,24 @@ def test_a_report_without_replies_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         study.main([str(report)])
     assert "--walk" in capsys.readouterr().err
+
+
+def test_the_lookup_run_is_how_far_the_reply_repeats_what_followed_last_time():
+    # prompt [1, 2, 3, 4]; the reply repeats it: from the anchor at 5 (token 1 again) a
+    # 1-token match proposes what followed the last 1: 2, 3, 4, 1, ...
+    seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 7]
+    runs = study.lookup_runs(seq, prompt_len=4, count=3, min_match=1)
+    # anchors 4..8: after 9 nothing (no earlier 9); after 1 -> 2 3 4 (the reply's 2 3 4: 3);
+    # after 2 -> 3 4 9 against 3 4 7 (2); after 3 -> 4 9 1 against 4 7 (1); after 4 -> 9
+    # against 7 (0)
+    assert runs.tolist() == [0, 3, 2, 1, 0]
+    # with the engine's min match of 5, a 2-token match is still proposed (the lookup's
+    # short match, an alternative to the draft): (1, 2) at anchor 6, (2, 3) at 7, (3, 4) at 8
+    assert study.lookup_runs(seq, 4, 3, min_match=5).tolist() == [0, 0, 2, 1, 0]
+
+
+def test_the_reply_mean_weighs_each_reply_once():
+    short = (np.array([4, 0, 0, 0]), 5)  # after token 0, one cycle of 4 tokens
+    long = (np.zeros(9, np.int64), 10)  # after token 0, nine cycles of one
+    assert study.mean_reply_tokens_per_cycle([short, long]) == (4 + 1) / 2
+    assert study.walk_tokens_per_cycle([short, long]) == 13 / 10  # pooled: by tokens
