@@ -144,13 +144,18 @@
 #            2 --top-gate 0 --top-match 0.5", then INIT=.carry/initA.tar (the first run's
 #            folder) with "--top-match 0.5" (stage 37's control the control; none shipped:
 #            benchmarks/README.md "Stage 38 session")
-#   next: the target top is closed (training shuts its gate whichever way it starts) and so
-#            is a larger block (stage 38's bound); what moved the suites was the anchor read
-#            through the target's layers (stage 34's peek, too dear per cycle). Fresh answers
-#            to slice 1/2 (GEN_GPUS=1 GEN_DEVICE=0) remain; four sessions' answers (stage 33:
-#            129K distinct sequences) left the suites level, as stage 21's five layers on
-#            161K did. Make each training call one whole schedule, so a machine lost
-#            between calls costs nothing; each call's files stay under its own files_at.
+#   stage 39 (one H200): the same staged once; after PART=setup of run-gpu.sh, SOLO=1
+#            PART=train PROFILE=0 DATA_WEIGHTS="*/gen-*=1,*=0.4" LR=1e-4 TRAIN_S=300 TAIL_S=200
+#            TRAIN_ARGS="--depth 6 --intermediate-size 1536", then PART=more1 LR_MORE=8e-5
+#            MORE_S=300 with the same settings (not shipped: held-out down, the suites level);
+#            on a second machine, train_prompts.jsonl.gz carried in .carry and copied to
+#            /root/stash/files/, SEED=39 PART=gen GEN_GPUS=1 GEN_DEVICE=0 GEN_S=240
+#            NUM_PROMPTS=129000 (slice 1/2: gen-39-1.npz, ~/.cache/dflash-chat/train-data/stage39/)
+#   next: closed are the target top, a larger block and (stage 39) a draft at the issue's
+#            32 MB; stage 39's goal ceiling puts HumanEval's 4.5 beyond even every token the
+#            target is 0.9 sure of drafted right. What moved the suites was the anchor read
+#            through the target's layers (stage 34's peek, too dear per cycle). gen-36-1 and
+#            gen-39-1 together are 63K fresh answers if the cache still holds them.
 # After `../shared/gpu/stage SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data/train_prompts.jsonl.gz
 # [gen-*.npz of earlier sessions]` (the GGUF from the engine's cache; earlier answers, kept out
 # of the repo, train again when staged), one device call per part, back to back on one machine:
