@@ -7,9 +7,10 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
     python scripts/draft_acceptance.py --draft D --limit 8 --walk \
         --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
 
-Reports per suite and draft: tokens/cycle, non-loop tokens/cycle, the repeated-4-gram
-share (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup,
-the engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
+Reports per suite and draft: tokens/cycle and non-loop tokens/cycle (each the mean over
+the suite's replies, with its standard error), the repeated-4-gram share
+(engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup, the
+engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
 trees (the engine's option). The JSON records the command line that made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -52,6 +55,13 @@ from engine.train.objective import simulate_answer
 def mean(runs: list[dict], key: str) -> float:
     values = [r[key] for r in runs if r.get(key) is not None]
     return sum(values) / len(values) if values else float("nan")
+
+
+def standard_error(runs: list[dict], key: str) -> float | None:
+    """The standard error of `mean(runs, key)`: how far another draw of as many prompts may
+    read (a few looping replies move a suite's mean a long way); None below two runs."""
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.walk:
                 keys += ["walk", "anchor_mean"]
             rows[suite] = {k: mean(runs, k) for k in keys}
+            for k in ("tokens_per_cycle", "tokens_per_cycle_nonloop"):
+                rows[suite][k + "_se"] = standard_error(runs, k)
             rows[suite]["lookup_cycle_share"] = lookup_cycle_share(runs)
             rows[suite]["runs"] = runs
             walked = (f"  walk {rows[suite]['walk']:.2f}  anchor mean "
                       f"{rows[suite]['anchor_mean']:.2f}") if args.walk else ""
-            print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}  "
+            se = rows[suite]["tokens_per_cycle_se"]
+            print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}"
+                  f"{f' (se {se:.2f})' if se is not None else ''}  "
                   f"non-loop {rows[suite]['tokens_per_cycle_nonloop']:.2f}  "
                   f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}  lookup cycles "
                   f"{rows[suite]['lookup_cycle_share']:.0%}{walked}", flush=True)
