@@ -32,15 +32,17 @@ MATCHES = (2, 3, 4, 5, 6, 8, 12, 16)
 BLOCK = 16
 
 
-def lookup_runs(prompt: Sequence[int], reply: Sequence[int], min_match: int
-                ) -> list[int | None]:
-    """Per anchor a (reply token a staged): the lookup proposal's run, None without one."""
-    found = SuffixLookup(min_match, short_match=min_match)  # no shorter matches
+def lookup_runs(prompt: Sequence[int], reply: Sequence[int], min_match: int,
+                short_match: int | None = None, count: int = BLOCK - 1) -> list[int | None]:
+    """Per anchor a (reply token a staged): the run of the lookup's proposal of up to `count`
+    tokens, None without one. `short_match`: the shorter matches it also proposes from (the
+    engine's SHORT_MATCH, as an alternative to the draft); None: none."""
+    found = SuffixLookup(min_match, short_match=short_match or min_match)
     found.extend(prompt)
     out: list[int | None] = []
     for a in range(len(reply) - 1):
         found.extend([reply[a]])
-        _, proposal = found.propose(BLOCK - 1)
+        _, proposal = found.propose(count)
         if not proposal:
             out.append(None)
             continue

@@ -32,8 +32,9 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from agreement_by_confidence import target_confidence  # noqa: E402  (on the path when run)
 from block_size_bound import walk_tokens_per_cycle  # noqa: E402
+from lookup_study import lookup_runs as looked_up_runs  # noqa: E402
 from engine.bench.environment import machine_info, versions  # noqa: E402
-from engine.lookup import MIN_MATCH, SuffixLookup  # noqa: E402
+from engine.lookup import MIN_MATCH, SHORT_MATCH  # noqa: E402
 from engine.runtime import DFlashRuntime  # noqa: E402
 from engine.train.objective import anchor_hits, walk_cycles  # noqa: E402
 
@@ -59,22 +60,11 @@ def hit_runs(hits: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 def lookup_runs(seq: list[int], prompt_len: int, count: int,
                 min_match: int = MIN_MATCH) -> np.ndarray:
-    """The suffix lookup's run at every anchor of a reply (row a: the anchor at prompt_len +
-    a, the context all tokens up to it, prompt included, as the engine keeps it): how many of
-    its up to `count` proposed tokens the reply goes on with."""
-    lookup = SuffixLookup(min_match=min_match)
-    lookup.extend(seq[:prompt_len])
-    runs = []
-    for a in range(prompt_len, len(seq) - 1):
-        lookup.extend(seq[a:a + 1])
-        _, proposal = lookup.propose(count)
-        run = 0
-        for proposed, token in zip(proposal, seq[a + 1:a + 1 + count]):
-            if proposed != token:
-                break
-            run += 1
-        runs.append(run)
-    return np.asarray(runs, np.int64)
+    """The suffix lookup's run at every anchor of a reply, as the engine proposes (its short
+    matches too), 0 where it has no proposal; row a: the anchor at prompt_len + a."""
+    runs = looked_up_runs(seq[:prompt_len], seq[prompt_len:], min_match,
+                          short_match=SHORT_MATCH, count=count)
+    return np.asarray([run or 0 for run in runs], np.int64)
 
 
 def mean_reply_tokens_per_cycle(answers: list[tuple[np.ndarray, int]]) -> float:
