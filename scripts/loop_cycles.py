@@ -19,22 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.bench.metrics import loop_start  # noqa: E402
+from engine.bench.metrics import loop_start, split_at_loop  # noqa: E402
 
 
 def split_cycles(reply: Sequence[int], cycles: Sequence[int]) -> tuple[list[int], list[int]]:
     """A reply's cycles (tokens each; token 0 came from prefill) -> (those that end before
-    its loop starts, the rest): a cycle reaching into the loop counts as the loop's, as
-    `nonloop_tokens_per_cycle` cuts them."""
-    start = loop_start(reply)
-    before: list[int] = []
-    inside: list[int] = []
-    position = 1
-    for committed in cycles:
-        (inside if start is not None and position + committed > start else before).append(
-            committed)
-        position += committed
-    return before, inside
+    its loop starts, the rest), cut as the non-loop figure cuts them."""
+    return split_at_loop(cycles, loop_start(reply))
 
 
 def pooled(cycles: Sequence[int]) -> float | None:

@@ -54,17 +54,24 @@ def loop_start(tokens: Sequence[int], window: int = LOOP_WINDOW,
     return None
 
 
+def split_at_loop(cycle_tokens: Sequence[int], start: int | None
+                  ) -> tuple[list[int], list[int]]:
+    """A reply's cycles (tokens each) -> (those that end before the loop starting at `start`,
+    the rest: a cycle reaching into the loop counts as the loop's); all before when start is
+    None."""
+    if start is None:
+        return list(cycle_tokens), []
+    position = 1  # position 0 is the prefill token
+    for i, committed in enumerate(cycle_tokens):
+        if position + committed > start:  # this cycle reaches into the loop
+            return list(cycle_tokens[:i]), list(cycle_tokens[i:])
+        position += committed
+    return list(cycle_tokens), []
+
+
 def nonloop_tokens_per_cycle(cycle_tokens: Sequence[int], start: int | None) -> float | None:
     """Tokens/cycle over the cycles that end before `start` (all cycles when start is None)."""
-    if start is None:
-        kept = list(cycle_tokens)
-    else:
-        kept, position = [], 1  # position 0 is the prefill token
-        for committed in cycle_tokens:
-            if position + committed > start:  # this cycle reaches into the loop
-                break
-            kept.append(committed)
-            position += committed
+    kept, _ = split_at_loop(cycle_tokens, start)
     return sum(kept) / len(kept) if kept else None
 
 
