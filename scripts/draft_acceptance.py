@@ -52,15 +52,20 @@ from engine.train.dataset import Dataset
 from engine.train.objective import simulate_answer
 
 
+def counted(runs: list[dict], key: str) -> list[float]:
+    """The runs' values of `key`, those without one (None) left out."""
+    return [r[key] for r in runs if r.get(key) is not None]
+
+
 def mean(runs: list[dict], key: str) -> float:
-    values = [r[key] for r in runs if r.get(key) is not None]
+    values = counted(runs, key)
     return sum(values) / len(values) if values else float("nan")
 
 
 def standard_error(runs: list[dict], key: str) -> float | None:
     """The standard error of `mean(runs, key)`: how far another draw of as many prompts may
     read (a few looping replies move a suite's mean a long way); None below two runs."""
-    values = [r[key] for r in runs if r.get(key) is not None]
+    values = counted(runs, key)
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
