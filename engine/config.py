@@ -93,6 +93,13 @@ class DFlashConfig:
     # on the H200 a 4x2 tree's verify cost as much as its extra tokens won
     # (benchmarks/stage19/), so it is off. Lossless: the target verifies every row.
     branches: tuple[int, int] | None = None
+    # Sibling trees (engine/tree.py): a verify of the block's length holds the draft's row
+    # shortened and, beside it, single tokens: its 2nd..K-th choice at each of its first M
+    # slots, each where the row's token at that slot would be. (M, K), e.g. (3, 3); None: the
+    # row alone. With the verify cut on, siblings take the verify's padding past the cut.
+    # Greedy, pure-attention targets, draft proposals (a lookup's repeat stays one row).
+    # Lossless: the target verifies every token of the tree.
+    siblings: tuple[int, int] | None = None
     # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
     # queued before this one's commit is read, so that the host's graph building overlaps the
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
@@ -198,6 +205,17 @@ class DFlashConfig:
             raise ConfigError(f"branches={b!r} with min_draft_confidence="
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
+        t = self.siblings
+        if t is not None and (
+                not isinstance(t, tuple) or len(t) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in t)
+                or not (1 <= t[0] < MAX_BLOCK_SIZE and 2 <= t[1] <= MAX_BRANCH_CHOICES)):
+            raise ConfigError(f"siblings={t!r}: use (slots, choices) with 1 <= slots < "
+                              f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, "
+                              "e.g. (3, 3), or None (the draft's row alone)")
+        if t is not None and self.branches is not None:
+            raise ConfigError(f"siblings={t!r} with branches={self.branches!r}: use one kind "
+                              "of tree")
         if self.token_chain not in (True, False):
             raise ConfigError(f"token_chain={self.token_chain!r}: use True (on) or False (off)")
         co = self.copy_odds
@@ -288,6 +306,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
                         "rows; greedy, llama/qwen2/qwen3 targets; verified whole, so the "
                         "'auto' cut is off with it; no faster on the H200; default off)")
+    p.add_argument("--siblings", type=siblings_arg, default=None, metavar="MxK|off",
+                   help="verify a sibling tree: the draft's row shortened and, in the same "
+                        "verify length, its 2nd..K-th choice at each of its first M slots as "
+                        "single tokens (e.g. 3x3; with the verify cut, in its padding; greedy, "
+                        "llama/qwen2/qwen3 targets; default off)")
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
                         "(whole blocks: on a CPU add --min-confidence off; llama/qwen2/qwen3 "
@@ -409,7 +432,8 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
                         compiled_verify=args.compiled_verify == "on",
-                        branches=args.branches, pipeline=args.pipeline == "on",
+                        branches=args.branches, siblings=args.siblings,
+                        pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         lookup_span=args.lookup_span,
                         copy_odds=args.copy_odds, refine=args.refine,
@@ -491,13 +515,23 @@ def stream_arg(text: str) -> int | str | None:
 
 def branches_arg(text: str) -> tuple[int, int] | None:
     """argparse type for --branches: MxK (slots x choices), or 'off'."""
+    return _tree_arg(text, "branches", "4x2")
+
+
+def siblings_arg(text: str) -> tuple[int, int] | None:
+    """argparse type for --siblings: MxK (slots x choices), or 'off'."""
+    return _tree_arg(text, "siblings", "3x3")
+
+
+def _tree_arg(text: str, field: str, example: str) -> tuple[int, int] | None:
     if text == "off":
         return None
     slots, _, choices = text.partition("x")
     if not (slots.isdigit() and choices.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r}: give slots x choices, e.g. 4x2, or 'off'")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give slots x choices, e.g. {example}, or 'off'")
     try:
-        return DFlashConfig(branches=(int(slots), int(choices))).branches
+        return getattr(DFlashConfig(**{field: (int(slots), int(choices))}), field)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

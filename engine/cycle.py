@@ -21,6 +21,7 @@ from .events import CycleStats
 from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
+from .tree import SiblingTree, accept_tree, sibling_tree, tree_proposal
 
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
@@ -431,7 +432,11 @@ def read_commit(values: mx.array) -> tuple[int, list[int], bool]:
     """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
     drafts, then the target's token after them) and the flag come back in one read of
     `commit_values`."""
-    row = values.tolist()
+    return commit_from_row(values.tolist())
+
+
+def commit_from_row(row: list[int]) -> tuple[int, list[int], bool]:
+    """`read_commit` of `commit_values` already read."""
     a = row[1]
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
@@ -440,6 +445,12 @@ def branches_apply(target: TargetAdapter, min_confidence: float | None) -> bool:
     """Whether greedy cycles can verify proposal trees (`branch_rows`): whole blocks only (a
     tree is verified whole) on a target whose verify takes several rows."""
     return min_confidence is None and target.verifies_rows
+
+
+def siblings_apply(target: TargetAdapter) -> bool:
+    """Whether greedy cycles can verify sibling trees (engine/tree.py): on a target whose
+    verify takes a tree's positions and mask."""
+    return target.verifies_trees
 
 
 def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
@@ -477,6 +488,11 @@ class DraftProposer:
     # Greedy whole-block draft proposals as a tree (`branch_rows`): the draft's runner-ups
     # at its first `branches[0]` slots, up to its `branches[1]`-th choice; None: one row.
     branches: tuple[int, int] | None = None
+    # Greedy whole-block draft proposals as a sibling tree (engine/tree.py): the draft's row
+    # shortened, and its 2nd..`siblings[1]`-th tokens at its first `siblings[0]` slots; None:
+    # the row alone. `tree` is the last proposal's shape (None: a row).
+    siblings: tuple[int, int] | None = None
+    tree: SiblingTree | None = field(default=None, init=False)
     # Greedy one-row draft proposals finished from the context (`copied_proposal`), seeded
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
@@ -502,6 +518,8 @@ class DraftProposer:
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
         if not branches_apply(self.target, self.min_confidence):
             self.branches = None
+        if not siblings_apply(self.target):
+            self.siblings = None
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's and the copy's context grow with them)."""
@@ -572,7 +590,8 @@ class DraftProposer:
     def propose(self, staged: int, size: int, position: int, room: int | None = None
                 ) -> mx.array:
         """The verify input [1, <= size] (longer only for a long match's repeat, up to
-        `room` tokens: `repeat_count`)."""
+        `room` tokens: `repeat_count`); a sibling tree's where `tree` is set."""
+        self.tree = None
         length, found = self._looked_up(size, room)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
@@ -618,6 +637,18 @@ class DraftProposer:
         if self.branches is not None and size > 1:
             return branch_rows(staged, self.draft_logits(staged, size), self.output_head,
                                *self.branches)
+        if self.siblings is not None and size > 1:
+            logits = self.draft_logits(staged, size)
+            length, slots = size, self.siblings[0]
+            if self.min_confidence is not None:  # siblings take the padding past the cut
+                cut = min(int(confident_run(top_probability(logits), self.min_confidence)) + 2,
+                          size)
+                length = padded(cut, size, self.verify_lengths)
+                slots = min(slots, (length - cut) // (self.siblings[1] - 1))
+            self.tree = sibling_tree(length, slots, self.siblings[1])
+            if self.tree is None:
+                return drafted_proposal(staged, logits[:, :length - 1], self.output_head)
+            return tree_proposal(staged, logits, self.output_head, self.tree)
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32)
@@ -756,34 +787,52 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
 
+        tree = proposer.tree if sampler is None else None
         target.begin_verify(cache)
-        logits, taps = target.forward(verify_in, cache, tap_ids)
-        if verify_in.shape[0] > 1:  # a proposal tree (greedy): the row that runs furthest
-            row, accepted, choice = accept_rows(verify_in, logits)
-            target.keep_row(cache, row)
-            kept_row = row.reshape(1)
-            verify_in, taps = mx.take(verify_in, kept_row, 0), mx.take(taps, kept_row, 0)
-            following = choice[accepted]
-        elif sampler is None:
-            accepted, choice = accept(verify_in, logits)
-            following = choice[accepted]  # the target's argmax after the kept drafts
+        if tree is not None:  # a sibling tree: the deepest node the target agrees with
+            logits, taps = target.forward_tree(verify_in, cache, tap_ids, tree)
+            node, accepted, path_tokens, following = accept_tree(verify_in, logits, tree)
+            values = mx.concatenate([node.reshape(1).astype(mx.int32), commit_values(
+                path_tokens[None], accepted, following, proposer.took_repeat)])
         else:
-            accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
-        accepted, following = target.agree(accepted, following)  # sharded: rank 0's
-        values = commit_values(verify_in, accepted, following, proposer.took_repeat)
+            logits, taps = target.forward(verify_in, cache, tap_ids)
+            if verify_in.shape[0] > 1:  # a proposal tree (greedy): the row that runs furthest
+                row, accepted, choice = accept_rows(verify_in, logits)
+                target.keep_row(cache, row)
+                kept_row = row.reshape(1)
+                verify_in, taps = mx.take(verify_in, kept_row, 0), mx.take(taps, kept_row, 0)
+                following = choice[accepted]
+            elif sampler is None:
+                accepted, choice = accept(verify_in, logits)
+                following = choice[accepted]  # the target's argmax after the kept drafts
+            else:
+                accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
+            accepted, following = target.agree(accepted, following)  # sharded: rank 0's
+            values = commit_values(verify_in, accepted, following, proposer.took_repeat)
         verify_s = clock.lap(values)
-        prefetching = proposer.prefetching and sampler is None and target.lockstep is None
+        prefetching = (proposer.prefetching and sampler is None and target.lockstep is None
+                       and tree is None)
         if prefetching:  # queued after the values: the sync below does not wait for it
             proposer.prefetch(taps, accepted, following, block_size)
 
-        a, tokens, looked_up = read_commit(values)
+        path = None
+        if tree is not None:
+            row = values.tolist()
+            path = tree.path(row[0])
+            a, tokens, looked_up = commit_from_row(row[1:])
+        else:
+            a, tokens, looked_up = read_commit(values)
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
-        target.rollback(cache, keep=keep, verified=size)
-        if prefetching:
-            proposer.settle(keep)
+        if path is not None:  # the kept path's entries, moved to follow the cache's
+            target.keep_path(cache, path[:keep], verified=size)
+            proposer.append_context(mx.take(taps, mx.array(path[:keep]), axis=1))
         else:
-            proposer.append_context(taps[:, :keep])
+            target.rollback(cache, keep=keep, verified=size)
+            if prefetching:
+                proposer.settle(keep)
+            else:
+                proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
         staged = tokens[-1]

@@ -11,7 +11,8 @@ Reports per suite and draft: tokens/cycle and non-loop tokens/cycle (each the me
 the suite's replies, with its standard error), the repeated-4-gram share
 (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup, the
 engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
-trees (the engine's option). The JSON records the command line that made it.
+trees, `--siblings MxK` sibling trees (the engine's options). The JSON records the command
+line that made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
 (1 + run averaged over a block anchored at every reply position: what training's validation
@@ -44,6 +45,7 @@ from engine.config import (
     lookup_arg,
     lookup_span_arg,
     refine_arg,
+    siblings_arg,
 )
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                         "engine's --lookup-span (default off)")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify proposal trees, as the engine's --branches (default off)")
+    p.add_argument("--siblings", type=siblings_arg, default=None, metavar="MxK|off",
+                   help="verify sibling trees, as the engine's --siblings (default off)")
     p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
                    help="finish the draft's proposals from the context at these odds, as the "
                         "engine's --copy-odds (default off)")
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
                           lookup_min_match=args.lookup, lookup_span=args.lookup_span,
-                          branches=args.branches,
+                          branches=args.branches, siblings=args.siblings,
                           copy_odds=args.copy_odds, refine=args.refine,
                           token_chain=args.token_chain == "on")
     base = DFlashRuntime.from_pretrained(config=config)
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,
               "branches": list(args.branches) if args.branches else None,
+              "siblings": list(args.siblings) if args.siblings else None,
               "copy_odds": args.copy_odds, "refine": args.refine,
               "token_chain": args.token_chain,
               "machine": machine_info(),

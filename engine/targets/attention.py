@@ -17,7 +17,7 @@ attention may run through cpu_attention.py (the same code and bits, a faster sof
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,7 +28,10 @@ from ..device import current
 from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
-from .cpu_attention import KernelProjections, attention_call, kernel_sized
+from .cpu_attention import MODULES, KernelProjections, attention_call, kernel_sized
+
+if TYPE_CHECKING:
+    from ..tree import SiblingTree
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -88,6 +91,33 @@ class PositionedView:
         return self.cache.update_and_fetch(keys, values)
 
 
+class TreeView(PositionedView):
+    """A KV cache as a sibling tree's verify sees it: new entries after the cache's, each at
+    its own position (`offset`: a vector [T], for `PerTokenRope`)."""
+
+    tree = True
+
+
+class PerTokenRope:
+    """An attention module as its own __call__ sees `self` in a sibling tree's verify: RoPE at
+    each token's own position, `cache.offset` being a vector [T] (tokens at one depth share
+    one). Each token becomes its own batch entry, which mx.fast.rope offsets one by one."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._module, name)
+
+    def rope(self, x: mx.array, offset: Any = 0) -> mx.array:
+        if not isinstance(offset, mx.array) or offset.ndim == 0:
+            return self._module.rope(x, offset=offset)
+        # [1, H, T, D] -> [T, H, 1, D]: token t at offset[t]
+        return self._module.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+
+
 class AttentionAdapter(TargetAdapter):
     family = "attention"
     model_types = ("llama", "qwen2", "qwen3", "mistral")
@@ -102,6 +132,7 @@ class AttentionAdapter(TargetAdapter):
         self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
         self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
         self._visible: mx.array | None = None  # a pipelined verify's mask (forward_at)
+        self._tree = False  # the forward is a sibling tree's (forward_tree)
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
@@ -129,6 +160,39 @@ class AttentionAdapter(TargetAdapter):
         for c, view in zip(cache, self._rows):
             c.update_and_fetch(*view.row(row))
         self._rows = []
+
+    @property
+    def verifies_trees(self) -> bool:
+        """Whether a verify may hold a sibling tree: plain causal attention layers whose
+        attention module's own code the tree's positions can be given to (not sharded)."""
+        return self.lockstep is None and all(
+            type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
+            and type(layer.self_attn) in MODULES for layer in self.layers)
+
+    def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
+                     tree: SiblingTree) -> tuple[mx.array, mx.array]:
+        held = self.cache_length(cache)
+        positions = mx.array([held + d for d in tree.depths])
+        self._visible = mx.concatenate([mx.ones((tree.size, held), dtype=mx.bool_),
+                                        mx.array(tree.ancestry)], axis=1)
+        self._tree = self._verifying = True  # positions per token; the compiled layer halves
+        try:
+            return super().forward(tokens, [TreeView(c, positions) for c in cache], tap_ids)
+        finally:
+            self._visible, self._tree, self._verifying = None, False, False
+
+    def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
+        self._verifying = False
+        start = self.cache_length(cache) - verified
+        if list(path) != list(range(len(path))):  # a sibling kept: its entries move up
+            source = mx.array([start + i for i in path])
+            for c in cache:
+                c.keys[..., start:start + len(path), :] = c.keys[..., source, :]
+                c.values[..., start:start + len(path), :] = c.values[..., source, :]
+        drop = verified - len(path)
+        if drop > 0:
+            for c in cache:
+                c.trim(drop)
 
     @property
     def can_peek(self) -> bool:
@@ -239,10 +303,13 @@ class AttentionAdapter(TargetAdapter):
         attend = self._attend[index]
         half = self._halves[index] if self._verifying and self._halves is not None else None
         written_out = self.cpu_mlp and type(layer) in SPLIT_LAYERS  # the layer's own code
-        if attend is None and half is None and not written_out:
+        if attend is None and half is None and not written_out and not self._tree:
             return layer(h, masks["attention"], cache=cache)
         x = layer.input_layernorm(h)
-        if attend is None:
+        if self._tree:  # the module's own code, its RoPE at each token's position
+            call = attend or type(layer.self_attn).__call__
+            r = call(PerTokenRope(self._attention[index]), x, masks["attention"], cache)
+        elif attend is None:
             r = layer.self_attn(x, masks["attention"], cache)
         else:
             r = attend(self._attention[index], x, masks["attention"], cache)

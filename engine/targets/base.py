@@ -12,7 +12,7 @@ its layers are called (`_masks`, `_layer_forward`) and how its caches roll back
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,6 +23,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..device import current
 from ..kernels import cpu_linear, cpu_swiglu
+
+if TYPE_CHECKING:
+    from ..tree import SiblingTree
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
 # their head rows alone would not reproduce the target's logits.
@@ -185,6 +188,23 @@ class TargetAdapter:
     def keep_row(self, cache: list[Any], row: mx.array) -> None:
         """After a verify of several rows: keep row `row` (a scalar on the device) in the
         caches, as a one-row verify of it would have."""
+        raise NotImplementedError
+
+    @property
+    def verifies_trees(self) -> bool:
+        """Whether a verify may hold a sibling tree (engine/tree.py: `forward_tree`, then
+        `keep_path`). Families whose caches cannot (recurrent states) say no."""
+        return False
+
+    def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
+                     tree: SiblingTree) -> tuple[mx.array, mx.array]:
+        """`forward` of a sibling tree's tokens [1, tree.size] after the cache's: each at its
+        depth's position, attending to the cache's tokens and its own ancestors."""
+        raise NotImplementedError
+
+    def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
+        """After `forward_tree` of `verified` tokens: keep the entries of the tree's nodes
+        `path` (in order), as a verify of those tokens alone would have."""
         raise NotImplementedError
 
     @property

@@ -1,0 +1,109 @@
+"""Sibling trees: a verify of the same length as a block's, part of it spent on the draft's
+runner-ups instead of its last slots.
+
+A cycle's run ends where the draft is first wrong, most often at an early slot, and there its
+2nd or 3rd choice is often the target's token; its last slots are rarely reached. A sibling
+tree verifies the draft's own row, shortened, and beside it single tokens: the draft's 2nd..K-th
+choices at its first M slots, each placed where the draft's token at that slot would be (its
+position, attending to the row's tokens before that slot only). Where the target's token at
+the row's first wrong slot is one of them, the cycle keeps it and the target's token after it:
+one token more than the row alone gave (scripts/sibling_study.py simulates the shapes).
+
+`SiblingTree` is a shape (host lists, fixed per cycle); the proposal, the acceptance and the
+kept path's tokens are device ops, and the cycle's one host read brings back the kept node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import mlx.core as mx
+import numpy as np
+
+from .draft_head import DraftHead
+
+
+@dataclass(frozen=True)
+class SiblingTree:
+    """A verify of `1 + main + slots * (choices - 1)` tokens: the staged token, the draft's
+    top `main` drafts (a chain), then for each of the first `slots` slots its 2nd..`choices`-th
+    tokens, each a child of the chain's token before that slot."""
+
+    main: int
+    slots: int
+    choices: int
+
+    @cached_property
+    def parents(self) -> list[int]:
+        """Each node's parent (the staged token: -1); nodes are in depth order along a path."""
+        chain = [i - 1 for i in range(self.main + 1)]
+        return chain + [j for j in range(self.slots) for _ in range(1, self.choices)]
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depths(self) -> list[int]:
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(0 if p < 0 else depths[p] + 1)
+        return depths
+
+    @cached_property
+    def ancestry(self) -> np.ndarray:
+        """[size, size] bool: row i holds i and its ancestors (what node i attends to)."""
+        seen = np.zeros((self.size, self.size), bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                seen[i] = seen[p]
+            seen[i, i] = True
+        return seen
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the staged token to `node`, in order."""
+        return [int(i) for i in np.flatnonzero(self.ancestry[node])]
+
+
+def sibling_tree(size: int, slots: int, choices: int) -> SiblingTree | None:
+    """The tree for a verify of `size` tokens with siblings at up to `slots` slots (fewer where
+    the block is short: the chain keeps at least as many drafts as there are sibling slots);
+    None where no sibling fits."""
+    alternatives = choices - 1
+    slots = min(slots, (size - 1) // (alternatives + 1))
+    if slots < 1:
+        return None
+    return SiblingTree(size - 1 - slots * alternatives, slots, choices)
+
+
+def tree_proposal(staged: int, logits: mx.array, head: DraftHead, tree: SiblingTree
+                  ) -> mx.array:
+    """Draft logits [1, >= tree.main, K] over `head` -> the tree's verify input [1, size]:
+    the staged token, the draft's top tokens at its first `main` slots, then its 2nd..K-th
+    tokens at each of the first `slots` slots."""
+    ranked = mx.argsort(-logits[0, :tree.main], axis=-1)[:, :tree.choices]
+    ids = head.token_ids(ranked).astype(mx.int32)  # [main, choices]
+    siblings = ids[:tree.slots, 1:].reshape(-1)
+    return mx.concatenate([mx.array([staged], dtype=mx.int32), ids[:, 0], siblings])[None]
+
+
+def accept_tree(verify_in: mx.array, logits: mx.array, tree: SiblingTree
+                ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Greedy acceptance over a tree's verify: a node is kept where it and each of its
+    ancestors is the target's argmax after its parent; the cycle keeps the deepest such node
+    (the chain's on a tie: it comes first). -> (that node, its depth a: the drafts kept, the
+    kept path's tokens by depth [size] (the first a + 1 meaningful), the target's token
+    after the node)."""
+    choice = mx.argmax(logits[0], axis=-1).astype(mx.int32)
+    tokens = verify_in[0]
+    parents = mx.array([max(p, 0) for p in tree.parents])
+    agrees = (tokens == choice[parents]) | (mx.arange(tree.size) == 0)
+    ancestry = mx.array(tree.ancestry)
+    kept = mx.all(agrees[None] | ~ancestry, axis=1)  # every node on its path agrees
+    depths = mx.array(tree.depths)
+    node = mx.argmax(mx.where(kept, depths, -1))
+    # the path's node at each depth: the ancestor of `node` at that depth
+    at_depth = mx.argmax(ancestry[node][None] & (depths[None] == mx.arange(tree.size)[:, None]),
+                         axis=1)
+    return node, depths[node], tokens[at_depth], choice[node]
