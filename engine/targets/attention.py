@@ -93,9 +93,16 @@ class PositionedView:
 
 class TreeView(PositionedView):
     """A KV cache as a sibling tree's verify sees it: new entries after the cache's, each at
-    its own position (`offset`: a vector [T], for `PerTokenRope`)."""
+    its own position (`offset`: a vector [T], for `PerTokenRope`); they stay here too, for
+    `AttentionAdapter.keep_path` to re-append a kept sibling's."""
 
     tree = True
+    keys: mx.array | None = None
+    values: mx.array | None = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys, self.values = keys, values
+        return self.cache.update_and_fetch(keys, values)
 
 
 class PerTokenRope:
@@ -133,6 +140,7 @@ class AttentionAdapter(TargetAdapter):
         self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
         self._visible: mx.array | None = None  # a pipelined verify's mask (forward_at)
         self._tree = False  # the forward is a sibling tree's (forward_tree)
+        self._tree_views: list[TreeView] = []  # the caches as the last tree's verify saw them
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
@@ -176,23 +184,25 @@ class AttentionAdapter(TargetAdapter):
         self._visible = mx.concatenate([mx.ones((tree.size, held), dtype=mx.bool_),
                                         mx.array(tree.ancestry)], axis=1)
         self._tree = self._verifying = True  # positions per token; the compiled layer halves
+        self._tree_views = [TreeView(c, positions) for c in cache]
         try:
-            return super().forward(tokens, [TreeView(c, positions) for c in cache], tap_ids)
+            return super().forward(tokens, self._tree_views, tap_ids)
         finally:
             self._visible, self._tree, self._verifying = None, False, False
 
     def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
         self._verifying = False
-        start = self.cache_length(cache) - verified
-        if list(path) != list(range(len(path))):  # a sibling kept: its entries move up
-            source = mx.array([start + i for i in path])
-            for c in cache:
-                c.keys[..., start:start + len(path), :] = c.keys[..., source, :]
-                c.values[..., start:start + len(path), :] = c.values[..., source, :]
-        drop = verified - len(path)
-        if drop > 0:
-            for c in cache:
-                c.trim(drop)
+        views, self._tree_views = self._tree_views, []
+        # the path's nodes up to its first off the chain are in place
+        chain = next((i for i, node in enumerate(path) if node != i), len(path))
+        for c in cache:
+            c.trim(verified - chain)
+        if chain < len(path):  # a sibling kept: its entries re-appended, from the verify's own
+            # (not the cache's buffer, which an update that read it could not write in place)
+            moved = mx.array(path[chain:])
+            for c, view in zip(cache, views, strict=True):
+                c.update_and_fetch(mx.take(view.keys, moved, axis=2),
+                                   mx.take(view.values, moved, axis=2))
 
     @property
     def can_peek(self) -> bool:
