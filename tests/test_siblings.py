@@ -17,6 +17,8 @@ from engine import DFlashConfig
 from engine.config import add_engine_args, config_from_args
 from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.errors import ConfigError
+from engine.kernels import cpu_native, cpu_softmax
+from engine.targets import cpu_attention
 from engine.tree import SiblingTree, accept_tree, sibling_tree, tree_proposal
 
 
@@ -180,3 +182,22 @@ def test_siblings_need_greedy_cycles_and_an_attention_target(tiny_pairs):
     for bad in ("3", "3x1", "x2", "0x2"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--siblings", bad])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_sibling_trees_stay_greedy_through_the_cpu_kernels(tiny_pairs, family, monkeypatch):
+    # the CPU's own path at every size: the tree's mask through the softmax kernel, the
+    # products through cpu_linear.c
+    if cpu_softmax.library() is None:
+        pytest.skip(f"no kernel here: {cpu_softmax.status().reason}")
+    monkeypatch.setenv(cpu_native.ENV, "on")
+    sdpa_calls = []
+    sdpa = cpu_attention.sdpa
+    monkeypatch.setattr(cpu_attention, "sdpa", lambda q, k, v, scale, mask: (
+        sdpa_calls.append(isinstance(mask, mx.array)), sdpa(q, k, v, scale, mask))[1])
+    rt = load(tiny_pairs, family, siblings=(3, 3), lookup_min_match=None)
+    for prompt in ("Hello world", "def add(a, b):"):
+        ids = rt.encode(prompt)
+        assert rt.generate(ids, max_tokens=80, no_eos=True).tokens == plain_greedy(
+            rt.model, ids, 80)
+    assert any(sdpa_calls)  # the trees' masked attention ran through the kernel
