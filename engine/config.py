@@ -193,26 +193,13 @@ class DFlashConfig:
         if not isinstance(self.compiled_verify, bool):
             raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
                               "compiled forward per full-block verify) or False")
-        b = self.branches
-        if b is not None and (
-                not isinstance(b, tuple) or len(b) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in b)
-                or not (1 <= b[0] < MAX_BLOCK_SIZE and 2 <= b[1] <= MAX_BRANCH_CHOICES)):
-            raise ConfigError(f"branches={b!r}: use (slots, choices) with 1 <= slots < "
-                              f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, "
-                              "e.g. (4, 2), or None (one row)")
+        b, t = self.branches, self.siblings
+        check_tree_shape("branches", b, "(4, 2), or None (one row)")
+        check_tree_shape("siblings", t, "(3, 3), or None (the draft's row alone)")
         if b is not None and self.min_draft_confidence not in ("auto", None):
             raise ConfigError(f"branches={b!r} with min_draft_confidence="
                               f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
                               "leave the cut at 'auto' (trees then verify whole blocks) or None")
-        t = self.siblings
-        if t is not None and (
-                not isinstance(t, tuple) or len(t) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in t)
-                or not (1 <= t[0] < MAX_BLOCK_SIZE and 2 <= t[1] <= MAX_BRANCH_CHOICES)):
-            raise ConfigError(f"siblings={t!r}: use (slots, choices) with 1 <= slots < "
-                              f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, "
-                              "e.g. (3, 3), or None (the draft's row alone)")
         if t is not None and self.branches is not None:
             raise ConfigError(f"siblings={t!r} with branches={self.branches!r}: use one kind "
                               "of tree")
@@ -511,6 +498,17 @@ def lookup_span_arg(text: str) -> int | None:
 def stream_arg(text: str) -> int | str | None:
     """argparse type for --stream-verify: a layer count of at least 1, 'auto' or 'off'."""
     return _auto_off_or(text, int, lambda v: v >= 1, "a layer count of at least 1")
+
+
+def check_tree_shape(name: str, shape: Any, example: str) -> None:
+    """A tree option's (slots, choices), or None; raises ConfigError naming `name`."""
+    if shape is not None and (
+            not isinstance(shape, tuple) or len(shape) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape)
+            or not (1 <= shape[0] < MAX_BLOCK_SIZE and 2 <= shape[1] <= MAX_BRANCH_CHOICES)):
+        raise ConfigError(f"{name}={shape!r}: use (slots, choices) with 1 <= slots < "
+                          f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, e.g. "
+                          f"{example}")
 
 
 def branches_arg(text: str) -> tuple[int, int] | None:

@@ -105,6 +105,17 @@ def pooled(replies: list[list[dict]], run) -> float:
     return tokens / cycles if cycles else float("nan")
 
 
+def pooled_sets(sets: dict[str, list], runs: dict) -> dict[str, dict[str, float]]:
+    """Set name -> each rule's `pooled` tokens/cycle over the set's replies (printed per set
+    as they come); `runs`: rule name -> run of an anchor row."""
+    found = {}
+    for name, replies in sets.items():
+        found[name] = {rule: pooled(replies, run) for rule, run in runs.items()}
+        print(f"{name:9s} ({len(replies)} replies)  " + "  ".join(
+            f"{k} {v:.2f}" for k, v in found[name].items()), flush=True)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = study_parser(__doc__).parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)
@@ -115,11 +126,7 @@ def main(argv: list[str] | None = None) -> int:
               "replies": {k: len(v) for k, v in sets.items()}, "trees": {}, "sets": {}}
     for name, (_, rows, tokens) in walked.items():
         result["trees"][name] = {"rows": rows, "tree_tokens": tokens}
-    for name, replies in sets.items():
-        found = {tree: pooled(replies, run) for tree, (run, _, _) in walked.items()}
-        result["sets"][name] = found
-        print(f"{name:9s} ({len(replies)} replies)  " + "  ".join(
-            f"{k} {v:.2f}" for k, v in found.items()), flush=True)
+    result["sets"] = pooled_sets(sets, {tree: run for tree, (run, _, _) in walked.items()})
     write_study(args.json, result)
     return 0
 

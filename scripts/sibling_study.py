@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from branch_study import anchor_rows, pooled, run_of  # scripts/ is on the path when run
+from branch_study import anchor_rows, pooled_sets, run_of  # scripts/ is on the path when run
 from choice_study import study_parser, study_sets, whole_block_runtime, write_study
 
 from engine.config import DEFAULT_MIN_CONFIDENCE
@@ -64,13 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                    for s, k in CUTS})
     result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
               "replies": {k: len(v) for k, v in sets.items()},
-              "verify_tokens": {name: tokens for name, (_, tokens) in shapes.items()},
-              "sets": {}}
-    for name, replies in sets.items():
-        found = {shape: pooled(replies, run) for shape, (run, _) in shapes.items()}
-        result["sets"][name] = found
-        print(f"{name:9s} ({len(replies)} replies)  " + "  ".join(
-            f"{k} {v:.2f}" for k, v in found.items()), flush=True)
+              "verify_tokens": {name: tokens for name, (_, tokens) in shapes.items()}}
+    result["sets"] = pooled_sets(sets, {shape: run for shape, (run, _) in shapes.items()})
     write_study(args.json, result)
     return 0
 

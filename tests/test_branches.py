@@ -9,15 +9,13 @@ import argparse
 import mlx.core as mx
 import pytest
 from test_cycle_sync import load, reads_per_cycle
-from tiny_pairs import TruthOracle, cache_states, plain_greedy
+from tiny_pairs import TruthOracle, check_plain_caches, plain_greedy
 
 from engine import DFlashConfig
 from engine.config import add_engine_args, config_from_args
 from engine.cycle import (
-    DraftProposer,
     accept_rows,
     branch_rows,
-    prefill,
     speculative_decode,
 )
 from engine.draft_head import DraftHead
@@ -88,17 +86,7 @@ def test_a_kept_branch_leaves_the_caches_of_plain_decoding(tiny_pairs, family, m
                                                            cache))
     assert tokens == truth_gen[:64] and set(per_cycle) == {1}  # still one read per cycle
     assert len(per_cycle) == 4  # 16 tokens a cycle: the branch row, all right
-    fed = ids + tokens[:-1]
-    ref = rt.target.make_cache()
-    prefill(rt.target, ref, fed, 512)
-    for got, want in zip(cache_states(cache), cache_states(ref), strict=True):
-        assert got.shape == want.shape and mx.allclose(got, want, atol=1e-4, rtol=1e-4)
-    ref_d = DraftProposer(rt.target, rt.draft)
-    prefill(rt.target, rt.target.make_cache(), fed, 512, ref_d)
-    for got, want in zip(oracle.cache, ref_d.cache, strict=True):
-        assert got.offset == want.offset
-        for a, b in zip(got.keys_and_values(), want.keys_and_values(), strict=True):
-            assert mx.allclose(a, b, atol=1e-4, rtol=1e-4)
+    check_plain_caches(rt, cache, oracle.cache, ids + tokens[:-1])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

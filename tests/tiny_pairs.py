@@ -182,6 +182,24 @@ def plain_greedy(model: nn.Module, ids: list[int], n: int) -> list[int]:
     return [int(t) for t, _ in generate_step(mx.array(ids), model, max_tokens=n)]
 
 
+def check_plain_caches(rt, cache: list, draft_cache: list, fed: list[int]) -> None:
+    """After speculative cycles that fed `fed`: the target's `cache` and the draft's
+    `draft_cache` equal (up to rounding) those of prefilling `fed`, as plain decoding leaves
+    them."""
+    from engine.cycle import DraftProposer, prefill
+
+    ref = rt.target.make_cache()
+    prefill(rt.target, ref, fed, 512)
+    for got, want in zip(cache_states(cache), cache_states(ref), strict=True):
+        assert got.shape == want.shape and mx.allclose(got, want, atol=1e-4, rtol=1e-4)
+    ref_d = DraftProposer(rt.target, rt.draft)
+    prefill(rt.target, rt.target.make_cache(), fed, 512, ref_d)
+    for got, want in zip(draft_cache, ref_d.cache, strict=True):
+        assert got.offset == want.offset
+        for a, b in zip(got.keys_and_values(), want.keys_and_values(), strict=True):
+            assert mx.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def cache_states(cache):
     """Comparable arrays of a target cache: KV up to its offset, recurrent states whole."""
     from mlx_lm.models.cache import KVCache
