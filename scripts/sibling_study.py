@@ -25,8 +25,9 @@ from choice_study import study_parser, study_sets, whole_block_runtime, write_st
 from engine.config import DEFAULT_MIN_CONFIDENCE
 
 PADDED = [0, *([8] * 8), *([16] * 8)]  # the 2-core CPU's verify lengths (verify-lengths-cpu)
+# (main, slots, choices), choices at most branch_study.TOP (the choices kept per slot)
 SHAPES = ((15, 0, 1), (13, 1, 3), (11, 2, 3), (9, 3, 3), (7, 4, 3), (11, 4, 2), (9, 6, 2),
-          (9, 2, 4), (7, 2, 5))
+          (9, 2, 4), (7, 8, 2))
 CUTS = ((0, 1), (2, 2), (3, 2), (2, 3), (3, 3), (2, 4))
 
 

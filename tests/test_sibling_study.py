@@ -34,3 +34,10 @@ def test_the_cut_leaves_room_for_siblings_in_its_padding():
     assert study.cut_run(unsure, 2, 2) == 2  # 2 siblings in the padding: the one at slot 1
     sure = row(future, *slots[:15], p1=[0.9] * 15)  # the cut at 16: no room left
     assert study.cut_run(sure, 2, 2) == 1
+
+
+def test_every_shape_reads_only_the_choices_kept():
+    shapes = [(k, 1 + m + s * (k - 1)) for m, s, k in study.SHAPES] + [(k, 16) for _, k in
+                                                                     study.CUTS]
+    assert all(k <= load_script("branch_study").TOP for k, _ in shapes)
+    assert all(tokens == 16 for _, tokens in shapes)  # the block's length
