@@ -790,7 +790,8 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         tree = proposer.tree if sampler is None else None
         target.begin_verify(cache)
         if tree is not None:  # a sibling tree: the deepest node the target agrees with
-            logits, taps = target.forward_tree(verify_in, cache, tap_ids, tree)
+            logits, taps = target.forward_tree(verify_in, cache, tap_ids, tree.depths,
+                                               tree.ancestry)
             node, accepted, path_tokens, following = accept_tree(verify_in, logits, tree)
             values = mx.concatenate([node.reshape(1).astype(mx.int32), commit_values(
                 path_tokens[None], accepted, following, proposer.took_repeat)])

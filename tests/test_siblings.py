@@ -126,7 +126,8 @@ def test_sibling_attention_masks_the_rest_of_the_tree(tiny_pairs):
     cache = rt.target.make_cache()
     prefill(rt.target, cache, ids[:-1], 512)
     rt.target.begin_verify(cache)
-    logits, _ = rt.target.forward_tree(mx.array([tokens]), cache, [], tree)
+    logits, _ = rt.target.forward_tree(mx.array([tokens]), cache, [], tree.depths,
+                                       tree.ancestry)
     rt.target.keep_path(cache, [], verified=tree.size)
     for node in (3, 6):
         path = tree.path(node)
@@ -142,8 +143,10 @@ def test_with_the_cut_siblings_fill_the_padding(tiny_pairs, family):
     rt.verify_lengths = [0, *([8] * 8), *([16] * 8)]  # every cut padded to 8 or 16
     sizes = []
     forward_tree = rt.target.forward_tree
-    rt.target.forward_tree = lambda tokens, cache, taps, tree: (
-        sizes.append((tree.size, tree.slots)), forward_tree(tokens, cache, taps, tree))[1]
+    # (verify length, siblings: the nodes past the chain, whose last node is the deepest)
+    rt.target.forward_tree = lambda tokens, cache, taps, depths, ancestry: (
+        sizes.append((len(depths), len(depths) - 1 - max(depths))),
+        forward_tree(tokens, cache, taps, depths, ancestry))[1]
     ids = rt.encode("Hello world")
     out = rt.generate(ids, max_tokens=60, no_eos=True)
     assert out.tokens == plain_greedy(rt.model, ids, 60)

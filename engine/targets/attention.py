@@ -17,10 +17,11 @@ attention may run through cpu_attention.py (the same code and bits, a faster sof
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
@@ -29,9 +30,6 @@ from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
 from .compiled_verify import CompiledVerify
 from .cpu_attention import MODULES, KernelProjections, attention_call, kernel_sized
-
-if TYPE_CHECKING:
-    from ..tree import SiblingTree
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -178,11 +176,11 @@ class AttentionAdapter(TargetAdapter):
             and type(layer.self_attn) in MODULES for layer in self.layers)
 
     def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                     tree: SiblingTree) -> tuple[mx.array, mx.array]:
+                     depths: Sequence[int], ancestry: np.ndarray) -> tuple[mx.array, mx.array]:
         held = self.cache_length(cache)
-        positions = mx.array([held + d for d in tree.depths])
-        self._visible = mx.concatenate([mx.ones((tree.size, held), dtype=mx.bool_),
-                                        mx.array(tree.ancestry)], axis=1)
+        positions = mx.array([held + d for d in depths])
+        self._visible = mx.concatenate([mx.ones((len(depths), held), dtype=mx.bool_),
+                                        mx.array(ancestry)], axis=1)
         self._tree = self._verifying = True  # positions per token; the compiled layer halves
         self._tree_views = [TreeView(c, positions) for c in cache]
         try:

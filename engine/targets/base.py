@@ -12,10 +12,11 @@ its layers are called (`_masks`, `_layer_forward`) and how its caches roll back
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2, qwen3, qwen3_next
 from mlx_lm.models.base import gather_last_axis
@@ -23,9 +24,6 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..device import current
 from ..kernels import cpu_linear, cpu_swiglu
-
-if TYPE_CHECKING:
-    from ..tree import SiblingTree
 
 # mlx-lm model args that make the logits more than `hidden @ W.T` (Granite, Cohere, Gemma):
 # their head rows alone would not reproduce the target's logits.
@@ -197,9 +195,10 @@ class TargetAdapter:
         return False
 
     def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                     tree: SiblingTree) -> tuple[mx.array, mx.array]:
-        """`forward` of a sibling tree's tokens [1, tree.size] after the cache's: each at its
-        depth's position, attending to the cache's tokens and its own ancestors."""
+                     depths: Sequence[int], ancestry: np.ndarray) -> tuple[mx.array, mx.array]:
+        """`forward` of a sibling tree's tokens [1, T] after the cache's (engine/tree.py): each
+        at its `depths` position past them, attending to the cache's tokens and to the nodes
+        its row of `ancestry` [T, T] (bool) holds."""
         raise NotImplementedError
 
     def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
