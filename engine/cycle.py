@@ -338,7 +338,13 @@ def cut_length(probs: mx.array, min_confidence: float, size: int,
     """The verify cut for a proposal whose drafts the draft gives `probs` [size - 1]: the
     staged token and the drafts up to and including the first below `min_confidence`,
     `padded` by `lengths`."""
-    return padded(min(int(confident_run(probs, min_confidence)) + 2, size), size, lengths)
+    return padded(unpadded_cut(probs, min_confidence, size), size, lengths)
+
+
+def unpadded_cut(probs: mx.array, min_confidence: float, size: int) -> int:
+    """`cut_length` before its padding: the staged token and the drafts up to and including
+    the first below `min_confidence`, within `size` (a host sync)."""
+    return min(int(confident_run(probs, min_confidence)) + 2, size)
 
 
 def padded(n: int, size: int, lengths: Sequence[int]) -> int:
@@ -447,12 +453,6 @@ def branches_apply(target: TargetAdapter, min_confidence: float | None) -> bool:
     return min_confidence is None and target.verifies_rows
 
 
-def siblings_apply(target: TargetAdapter) -> bool:
-    """Whether greedy cycles can verify sibling trees (engine/tree.py): on a target whose
-    verify takes a tree's positions and mask."""
-    return target.verifies_trees
-
-
 def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
     """Whether cycles can queue the next draft forward before their sync
     (`DraftProposer.prefetch`): whole blocks only (the cut reads the draft's output before the
@@ -518,7 +518,7 @@ class DraftProposer:
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
         if not branches_apply(self.target, self.min_confidence):
             self.branches = None
-        if not siblings_apply(self.target):
+        if not self.target.verifies_trees:
             self.siblings = None
 
     def observe(self, tokens: Sequence[int]) -> None:
@@ -641,8 +641,7 @@ class DraftProposer:
             logits = self.draft_logits(staged, size)
             length, slots = size, self.siblings[0]
             if self.min_confidence is not None:  # siblings take the padding past the cut
-                cut = min(int(confident_run(top_probability(logits), self.min_confidence)) + 2,
-                          size)
+                cut = unpadded_cut(top_probability(logits), self.min_confidence, size)
                 length = padded(cut, size, self.verify_lengths)
                 slots = min(slots, (length - cut) // (self.siblings[1] - 1))
             self.tree = sibling_tree(length, slots, self.siblings[1])
@@ -826,8 +825,9 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
         if path is not None:  # the kept path's entries, moved to follow the cache's
-            target.keep_path(cache, path[:keep], verified=size)
-            proposer.append_context(mx.take(taps, mx.array(path[:keep]), axis=1))
+            kept = path[:keep]
+            target.keep_path(cache, kept, verified=size)
+            proposer.append_context(mx.take(taps, mx.array(kept), axis=1))
         else:
             target.rollback(cache, keep=keep, verified=size)
             if prefetching:

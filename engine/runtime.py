@@ -18,7 +18,6 @@ from .cycle import (
     plain_decode,
     prefetch_applies,
     prefill,
-    siblings_apply,
     speculative_decode,
 )
 from .draft import DFlashDraft
@@ -82,7 +81,7 @@ class DFlashRuntime:
         self.branches = (self.config.branches if branches_apply(self.target, self.min_confidence)
                          else None)
         # Sibling trees: greedy cycles on a target that verifies trees
-        self.siblings = self.config.siblings if siblings_apply(self.target) else None
+        self.siblings = self.config.siblings if self.target.verifies_trees else None
         # Greedy whole-block cycles queue their next draft forward before their sync (a
         # prefetch settles on a kept prefix: not a sibling tree's path)
         self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None

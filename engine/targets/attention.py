@@ -137,7 +137,6 @@ class AttentionAdapter(TargetAdapter):
         self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
         self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
         self._visible: mx.array | None = None  # a pipelined verify's mask (forward_at)
-        self._tree = False  # the forward is a sibling tree's (forward_tree)
         self._tree_views: list[TreeView] = []  # the caches as the last tree's verify saw them
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
@@ -181,12 +180,12 @@ class AttentionAdapter(TargetAdapter):
         positions = mx.array([held + d for d in depths])
         self._visible = mx.concatenate([mx.ones((len(depths), held), dtype=mx.bool_),
                                         mx.array(ancestry)], axis=1)
-        self._tree = self._verifying = True  # positions per token; the compiled layer halves
+        self._verifying = True  # the compiled layer halves
         self._tree_views = [TreeView(c, positions) for c in cache]
         try:
             return super().forward(tokens, self._tree_views, tap_ids)
         finally:
-            self._visible, self._tree, self._verifying = None, False, False
+            self._visible, self._verifying = None, False
 
     def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
         self._verifying = False
@@ -311,10 +310,11 @@ class AttentionAdapter(TargetAdapter):
         attend = self._attend[index]
         half = self._halves[index] if self._verifying and self._halves is not None else None
         written_out = self.cpu_mlp and type(layer) in SPLIT_LAYERS  # the layer's own code
-        if attend is None and half is None and not written_out and not self._tree:
+        tree = isinstance(cache, TreeView)  # a sibling tree's verify (forward_tree)
+        if attend is None and half is None and not written_out and not tree:
             return layer(h, masks["attention"], cache=cache)
         x = layer.input_layernorm(h)
-        if self._tree:  # the module's own code, its RoPE at each token's position
+        if tree:  # the module's own code, its RoPE at each token's position
             call = attend or type(layer.self_attn).__call__
             r = call(PerTokenRope(self._attention[index]), x, masks["attention"], cache)
         elif attend is None:
