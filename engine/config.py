@@ -100,6 +100,13 @@ class DFlashConfig:
     # Greedy, pure-attention targets, draft proposals (a lookup's repeat stays one row).
     # Lossless: the target verifies every token of the tree.
     siblings: tuple[int, int] | None = None
+    # Draft trees (engine/tree.py: likeliest_tree): each cycle's verify holds the likeliest
+    # nodes of the tree of the draft's continuations (its top tokens per slot; a node as likely as
+    # the product of its path's probabilities), the block's length of them (with the verify
+    # cut on, the cut's padded length): a long row where the draft is sure, its runner-ups
+    # where it is not. Greedy, pure-attention targets, draft proposals; a host sync before
+    # each verify. Lossless: the target verifies every token of the tree.
+    draft_tree: bool = False
     # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
     # queued before this one's commit is read, so that the host's graph building overlaps the
     # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
@@ -203,6 +210,12 @@ class DFlashConfig:
         if t is not None and self.branches is not None:
             raise ConfigError(f"siblings={t!r} with branches={self.branches!r}: use one kind "
                               "of tree")
+        if not isinstance(self.draft_tree, bool):
+            raise ConfigError(f"draft_tree={self.draft_tree!r}: use True (verify the draft's "
+                              "likeliest tree each cycle) or False (its row)")
+        if self.draft_tree and (b is not None or t is not None):
+            kind = "branches" if b is not None else "siblings"
+            raise ConfigError(f"draft_tree=True with {kind}={b or t!r}: use one kind of tree")
         if self.token_chain not in (True, False):
             raise ConfigError(f"token_chain={self.token_chain!r}: use True (on) or False (off)")
         co = self.copy_odds
@@ -297,6 +310,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify a sibling tree: the draft's row shortened and, in the same "
                         "verify length, its 2nd..K-th choice at each of its first M slots as "
                         "single tokens (e.g. 3x3; with the verify cut, in its padding; greedy, "
+                        "llama/qwen2/qwen3 targets; default off)")
+    p.add_argument("--draft-tree", choices=["on", "off"], default="off",
+                   help="verify the draft's likeliest tree each cycle: the block's length of "
+                        "nodes from its top tokens per slot, a long row where it is sure, its "
+                        "runner-ups where not (with the verify cut, the cut's length; greedy, "
                         "llama/qwen2/qwen3 targets; default off)")
     p.add_argument("--pipeline", choices=["on", "off"], default="off",
                    help="queue each greedy cycle before the last one's commit is read "
@@ -420,6 +438,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         **queueing_from_args(args),
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, siblings=args.siblings,
+                        draft_tree=args.draft_tree == "on",
                         pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         lookup_span=args.lookup_span,

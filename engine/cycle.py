@@ -21,7 +21,14 @@ from .events import CycleStats
 from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
-from .tree import SiblingTree, accept_tree, sibling_tree, tree_proposal
+from .tree import (
+    TREE_CHOICES,
+    TreeShape,
+    accept_tree,
+    likeliest_tree,
+    sibling_tree,
+    tree_proposal,
+)
 
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
@@ -492,7 +499,9 @@ class DraftProposer:
     # shortened, and its 2nd..`siblings[1]`-th tokens at its first `siblings[0]` slots; None:
     # the row alone. `tree` is the last proposal's shape (None: a row).
     siblings: tuple[int, int] | None = None
-    tree: SiblingTree | None = field(default=None, init=False)
+    # Greedy draft proposals as the draft's likeliest tree (engine/tree.py: likeliest_tree)
+    draft_tree: bool = False
+    tree: TreeShape | None = field(default=None, init=False)
     # Greedy one-row draft proposals finished from the context (`copied_proposal`), seeded
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
@@ -519,7 +528,7 @@ class DraftProposer:
         if not branches_apply(self.target, self.min_confidence):
             self.branches = None
         if not self.target.verifies_trees:
-            self.siblings = None
+            self.siblings, self.draft_tree = None, False
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's and the copy's context grow with them)."""
@@ -602,6 +611,8 @@ class DraftProposer:
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
                 self.copy_odds, self.min_confidence, self.verify_lengths, found)
             return verify_in
+        if found and self.draft_tree:  # the tree holds the repeat's tokens where the draft
+            found, self.took_repeat = [], False  # ranks them
         if found:
             verify_in, self.took_repeat = choose_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, found,
@@ -648,6 +659,15 @@ class DraftProposer:
             if self.tree is None:
                 return drafted_proposal(staged, logits[:, :length - 1], self.output_head)
             return tree_proposal(staged, logits, self.output_head, self.tree)
+        if self.draft_tree and size > 1:
+            logits = self.draft_logits(staged, size)
+            length = size
+            if self.min_confidence is not None:  # the tree fills the cut's padded length
+                length = padded(unpadded_cut(top_probability(logits), self.min_confidence, size),
+                                size, self.verify_lengths)
+            self.tree, verify_in = likeliest_tree(staged, logits, self.output_head, length,
+                                              TREE_CHOICES)
+            return verify_in
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32)
@@ -788,7 +808,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
 
         tree = proposer.tree if sampler is None else None
         target.begin_verify(cache)
-        if tree is not None:  # a sibling tree: the deepest node the target agrees with
+        if tree is not None:  # a tree: the deepest node the target agrees with
             logits, taps = target.forward_tree(verify_in, cache, tap_ids, tree.depths,
                                                tree.ancestry)
             node, accepted, path_tokens, following = accept_tree(verify_in, logits, tree)

@@ -82,20 +82,22 @@ class DFlashRuntime:
                          else None)
         # Sibling trees: greedy cycles on a target that verifies trees
         self.siblings = self.config.siblings if self.target.verifies_trees else None
+        self.draft_tree = self.config.draft_tree and self.target.verifies_trees
+        trees = self.siblings is not None or self.draft_tree
         # Greedy whole-block cycles queue their next draft forward before their sync (a
-        # prefetch settles on a kept prefix: not a sibling tree's path)
+        # prefetch settles on a kept prefix: not a tree's path)
         self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None
-                               and draft is not None and self.siblings is None
+                               and draft is not None and not trees
                                and prefetch_applies(draft, self.min_confidence))
         # Greedy whole-block cycles queued one ahead of their reads (pipeline.py)
-        self.pipeline = (self.config.pipeline and draft is not None and self.siblings is None
+        self.pipeline = (self.config.pipeline and draft is not None and not trees
                          and pipeline_applies(self.target, draft,
                                               [*self.target.make_cache(), *draft.make_cache()],
                                               self.min_confidence))
         # Greedy one-row draft proposals finished from the context: not trees, not pipelined,
         # and not sharded (each rank would read its own draft's rounding, as with the cut)
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
-                          if not (self.branches or self.siblings or self.pipeline
+                          if not (self.branches or trees or self.pipeline
                                   or lockstep is not None) else None)
         # A draft's token chain rescores its greedy proposals
         self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain
@@ -213,6 +215,7 @@ class DFlashRuntime:
             "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             "siblings": list(self.siblings) if self.siblings else None,  # slots, choices
+            "draft_tree": self.draft_tree,  # each verify: the draft's likeliest tree
             "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
             "refine": self.config.refine,  # a second draft pass over a confident start
@@ -293,7 +296,7 @@ class DFlashRuntime:
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, branches=self.branches,
-                             siblings=self.siblings,
+                             siblings=self.siblings, draft_tree=self.draft_tree,
                              copy=copy, copy_odds=self.copy_odds or 0.0,
                              refine=self.config.refine, token_chain=self.token_chain,
                              lookup_span=self.config.lookup_span)

@@ -11,10 +11,17 @@ one token more than the row alone gave (scripts/sibling_study.py simulates the s
 
 `SiblingTree` is a shape (host lists, fixed per cycle); the proposal, the acceptance and the
 kept path's tokens are device ops, and the cycle's one host read brings back the kept node.
+
+A draft tree (`likeliest_tree`) is chosen per cycle instead: the verify's tokens are the
+likeliest nodes of the tree of the draft's continuations, a node as likely as the product of
+the draft's probabilities of its path's tokens at their slots. Reading them costs a host sync
+before the verify (as the verify cut's). Where the draft is sure the tree is a long row, where
+it is not, a bush of its runner-ups.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,22 +30,14 @@ import numpy as np
 
 from .draft_head import DraftHead
 
+TREE_CHOICES = 8  # a draft tree's choices per slot (scripts/tree_study.py)
 
-@dataclass(frozen=True)
-class SiblingTree:
-    """A verify of `1 + main + slots * (choices - 1)` tokens: the staged token, the draft's
-    top `main` drafts (a chain), then for each of the first `slots` slots its 2nd..`choices`-th
-    tokens, each a child of the chain's token before that slot."""
 
-    main: int
-    slots: int
-    choices: int
+class TreeShape:
+    """A verify's tokens as a tree: the staged token (node 0) and the nodes after it, each
+    after its parent; subclasses say `parents`, parents before their children."""
 
-    @cached_property
-    def parents(self) -> list[int]:
-        """Each node's parent (the staged token: -1); nodes are in depth order along a path."""
-        chain = [i - 1 for i in range(self.main + 1)]
-        return chain + [j for j in range(self.slots) for _ in range(1, self.choices)]
+    parents: list[int]
 
     @property
     def size(self) -> int:
@@ -66,6 +65,23 @@ class SiblingTree:
         return [int(i) for i in np.flatnonzero(self.ancestry[node])]
 
 
+@dataclass(frozen=True)
+class SiblingTree(TreeShape):
+    """A verify of `1 + main + slots * (choices - 1)` tokens: the staged token, the draft's
+    top `main` drafts (a chain), then for each of the first `slots` slots its 2nd..`choices`-th
+    tokens, each a child of the chain's token before that slot."""
+
+    main: int
+    slots: int
+    choices: int
+
+    @cached_property
+    def parents(self) -> list[int]:
+        """Each node's parent (the staged token: -1); nodes are in depth order along a path."""
+        chain = [i - 1 for i in range(self.main + 1)]
+        return chain + [j for j in range(self.slots) for _ in range(1, self.choices)]
+
+
 def sibling_tree(size: int, slots: int, choices: int) -> SiblingTree | None:
     """The tree for a verify of `size` tokens with siblings at up to `slots` slots (fewer where
     the block is short: the chain keeps at least as many drafts as there are sibling slots);
@@ -88,7 +104,7 @@ def tree_proposal(staged: int, logits: mx.array, head: DraftHead, tree: SiblingT
     return mx.concatenate([mx.array([staged], dtype=mx.int32), ids[:, 0], siblings])[None]
 
 
-def accept_tree(verify_in: mx.array, logits: mx.array, tree: SiblingTree
+def accept_tree(verify_in: mx.array, logits: mx.array, tree: TreeShape
                 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """Greedy acceptance over a tree's verify: a node is kept where it and each of its
     ancestors is the target's argmax after its parent; the cycle keeps the deepest such node
@@ -107,3 +123,72 @@ def accept_tree(verify_in: mx.array, logits: mx.array, tree: SiblingTree
     at_depth = mx.argmax(ancestry[node][None] & (depths[None] == mx.arange(tree.size)[:, None]),
                          axis=1)
     return node, depths[node], tokens[at_depth], choice[node]
+
+
+@dataclass(frozen=True)
+class DraftTree(TreeShape):
+    """A tree chosen for one cycle (`likeliest_tree`): the draft's top row as far as the tree
+    holds it comes first (nodes 1..n in place, as a row's), then the other nodes by depth."""
+
+    parents: tuple[int, ...]
+
+
+def likeliest_nodes(probs: np.ndarray, count: int) -> list[tuple[int, int, int]]:
+    """The `count` likeliest nodes of the tree of a block's continuations, `probs` [n, C]: the
+    draft's probabilities of its top C tokens at each of n slots, best first. A node at slot
+    j takes choice c there after its parent's path; its likelihood is the product of its
+    path's probabilities, so a parent is always likelier than its children and the likeliest
+    nodes form a tree. -> (parent: an earlier entry's index, -1 for the staged token; slot;
+    choice), in the order found (parents first)."""
+    n, choices = probs.shape
+    frontier = [(-float(probs[0, c]), c, -1, 0, c) for c in range(choices)]
+    heapq.heapify(frontier)
+    found: list[tuple[int, int, int]] = []
+    pushed = choices
+    while frontier and len(found) < count:
+        neg, _, parent, slot, choice = heapq.heappop(frontier)
+        found.append((parent, slot, choice))
+        if slot + 1 < n:
+            for c in range(choices):
+                pushed += 1  # the tie-break: the order pushed
+                heapq.heappush(frontier, (neg * float(probs[slot + 1, c]), pushed,
+                                          len(found) - 1, slot + 1, c))
+    return found
+
+
+def tree_of_nodes(found: list[tuple[int, int, int]]) -> tuple[DraftTree, list[int]]:
+    """`likeliest_nodes`' nodes as a verify's tree, the staged token first, then the top row's
+    nodes (choice 0 all the way from the staged token), then the others by slot. -> (the tree,
+    each verify position's node index in `found`, -1 for the staged token)."""
+    on_row = [False] * len(found)
+    for i, (parent, _, choice) in enumerate(found):
+        on_row[i] = choice == 0 and (parent < 0 or on_row[parent])
+    order = sorted(range(len(found)), key=lambda i: (not on_row[i], found[i][1], i))
+    position = {node: k + 1 for k, node in enumerate(order)}
+    parents = [-1] + [position[found[i][0]] if found[i][0] >= 0 else 0 for i in order]
+    return DraftTree(tuple(parents)), [-1, *order]
+
+
+def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, choices: int
+               ) -> tuple[DraftTree, mx.array]:
+    """Draft logits [1, n, K] over `head` -> the likeliest tree of `size` tokens (the staged
+    token and `size` - 1 nodes from the draft's top `choices` tokens per slot:
+    `likeliest_nodes`) and its verify input [1, size]. Reads the draft's top probabilities
+    (a host sync before the verify)."""
+    probs = mx.softmax(logits[0].astype(mx.float32), axis=-1, precise=True)
+    top = top_choices(probs, min(choices, probs.shape[-1]))
+    top_probs = mx.take_along_axis(probs, top, axis=-1)
+    ids = head.token_ids(top)
+    mx.eval(top_probs, ids)
+    found = likeliest_nodes(np.array(top_probs), size - 1)
+    tree, order = tree_of_nodes(found)
+    ids_host = np.array(ids)
+    tokens = [staged] + [int(ids_host[found[i][1], found[i][2]]) for i in order[1:]]
+    return tree, mx.array([tokens], dtype=mx.int32)
+
+
+def top_choices(probs: mx.array, choices: int) -> mx.array:
+    """The indices of each row's `choices` largest values, largest first ([n, K] -> [n, C])."""
+    part = mx.argpartition(-probs, choices - 1, axis=-1)[:, :choices]
+    order = mx.argsort(-mx.take_along_axis(probs, part, axis=-1), axis=-1)
+    return mx.take_along_axis(part, order, axis=-1)

@@ -11,7 +11,8 @@ Reports per suite and draft: tokens/cycle and non-loop tokens/cycle (each the me
 the suite's replies, with its standard error), the repeated-4-gram share
 (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup, the
 engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
-trees, `--siblings MxK` sibling trees (the engine's options). The JSON records the command
+trees, `--siblings MxK` sibling trees, `--draft-tree on` the draft's likeliest trees (the
+engine's options). The JSON records the command
 line that made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="verify proposal trees, as the engine's --branches (default off)")
     p.add_argument("--siblings", type=siblings_arg, default=None, metavar="MxK|off",
                    help="verify sibling trees, as the engine's --siblings (default off)")
+    p.add_argument("--draft-tree", choices=["on", "off"], default="off",
+                   help="verify the draft's likeliest trees, as the engine's --draft-tree "
+                        "(default off)")
     p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
                    help="finish the draft's proposals from the context at these odds, as the "
                         "engine's --copy-odds (default off)")
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
                           lookup_min_match=args.lookup, lookup_span=args.lookup_span,
                           branches=args.branches, siblings=args.siblings,
-                          copy_odds=args.copy_odds, refine=args.refine,
+                          draft_tree=args.draft_tree == "on", copy_odds=args.copy_odds,
+                          refine=args.refine,
                           token_chain=args.token_chain == "on")
     base = DFlashRuntime.from_pretrained(config=config)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
@@ -116,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
               "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,
               "branches": list(args.branches) if args.branches else None,
               "siblings": list(args.siblings) if args.siblings else None,
+              "draft_tree": args.draft_tree,
               "copy_odds": args.copy_odds, "refine": args.refine,
               "token_chain": args.token_chain,
               "machine": machine_info(),
