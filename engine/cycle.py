@@ -606,7 +606,8 @@ class DraftProposer:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
-        if self.copy is not None and self.branches is None and size > 1:
+        if (self.copy is not None and self.branches is None and not self.draft_tree
+                and size > 1):
             verify_in, self.took_repeat = copied_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
                 self.copy_odds, self.min_confidence, self.verify_lengths, found)
@@ -666,7 +667,7 @@ class DraftProposer:
                 length = padded(unpadded_cut(top_probability(logits), self.min_confidence, size),
                                 size, self.verify_lengths)
             self.tree, verify_in = likeliest_tree(staged, logits, self.output_head, length,
-                                              TREE_CHOICES)
+                                                  TREE_CHOICES, self.copy, self.copy_odds)
             return verify_in
         if size == 1:
             self._prefetched = None

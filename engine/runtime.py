@@ -97,7 +97,7 @@ class DFlashRuntime:
         # Greedy one-row draft proposals finished from the context: not trees, not pipelined,
         # and not sharded (each rank would read its own draft's rounding, as with the cut)
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
-                          if not (self.branches or trees or self.pipeline
+                          if not (self.branches or self.siblings or self.pipeline
                                   or lockstep is not None) else None)
         # A draft's token chain rescores its greedy proposals
         self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain

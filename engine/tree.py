@@ -22,6 +22,7 @@ it is not, a bush of its runner-ups.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from .draft_head import DraftHead
+from .lookup import ContextCopy
 
 TREE_CHOICES = 8  # a draft tree's choices per slot (scripts/tree_study.py)
 
@@ -133,57 +135,87 @@ class DraftTree(TreeShape):
     parents: tuple[int, ...]
 
 
-def likeliest_nodes(probs: np.ndarray, count: int) -> list[tuple[int, int, int]]:
-    """The `count` likeliest nodes of the tree of a block's continuations, `probs` [n, C]: the
-    draft's probabilities of its top C tokens at each of n slots, best first. A node at slot
-    j takes choice c there after its parent's path; its likelihood is the product of its
-    path's probabilities, so a parent is always likelier than its children and the likeliest
-    nodes form a tree. -> (parent: an earlier entry's index, -1 for the staged token; slot;
-    choice), in the order found (parents first)."""
-    n, choices = probs.shape
-    frontier = [(-float(probs[0, c]), c, -1, 0, c) for c in range(choices)]
-    heapq.heapify(frontier)
+def likeliest_nodes(tokens: np.ndarray, probs: np.ndarray, count: int,
+                    copied: Callable[[list[int], int], tuple[int, float] | None] | None = None
+                    ) -> list[tuple[int, int, int]]:
+    """The `count` likeliest nodes of the tree of a block's continuations: at each of n slots
+    the draft's top C `tokens` [n, C] with their probabilities `probs` [n, C], best first, and
+    with `copied`, the context's candidate after a node's path (`copied(path, slot)` -> (token,
+    its weight) or None; it raises the weight of a token already among the top C). A node's
+    likelihood is the product of its path's weights, so a parent is always likelier than its
+    children and the likeliest nodes form a tree. -> (parent: an earlier entry's index, -1
+    for the staged token; slot; token), in the order found (parents first)."""
+    n = probs.shape[0]
     found: list[tuple[int, int, int]] = []
-    pushed = choices
+    paths: list[list[int]] = []
+    frontier: list[tuple[float, int, int, int, int]] = []
+    pushed = 0
+
+    def push(parent: int, likelihood: float, path: list[int], slot: int) -> None:
+        nonlocal pushed
+        weights = {int(t): float(p) for t, p in zip(tokens[slot], probs[slot], strict=True)}
+        extra = copied(path, slot) if copied is not None else None
+        if extra is not None:
+            weights[extra[0]] = max(weights.get(extra[0], 0.0), extra[1])
+        for token, weight in weights.items():
+            pushed += 1  # the tie-break: the order pushed
+            heapq.heappush(frontier, (-likelihood * weight, pushed, parent, slot, token))
+
+    push(-1, 1.0, [], 0)
     while frontier and len(found) < count:
-        neg, _, parent, slot, choice = heapq.heappop(frontier)
-        found.append((parent, slot, choice))
+        neg, _, parent, slot, token = heapq.heappop(frontier)
+        found.append((parent, slot, token))
+        paths.append((paths[parent] if parent >= 0 else []) + [token])
         if slot + 1 < n:
-            for c in range(choices):
-                pushed += 1  # the tie-break: the order pushed
-                heapq.heappush(frontier, (neg * float(probs[slot + 1, c]), pushed,
-                                          len(found) - 1, slot + 1, c))
+            push(len(found) - 1, -neg, paths[-1], slot + 1)
     return found
 
 
-def tree_of_nodes(found: list[tuple[int, int, int]]) -> tuple[DraftTree, list[int]]:
+def tree_of_nodes(found: list[tuple[int, int, int]], row: Sequence[int]
+                  ) -> tuple[DraftTree, list[int]]:
     """`likeliest_nodes`' nodes as a verify's tree, the staged token first, then the top row's
-    nodes (choice 0 all the way from the staged token), then the others by slot. -> (the tree,
-    each verify position's node index in `found`, -1 for the staged token)."""
+    nodes (the draft's top token `row[slot]` all the way from the staged token), then the
+    others by slot. -> (the tree, each verify position's node index in `found`, -1 for the
+    staged token)."""
     on_row = [False] * len(found)
-    for i, (parent, _, choice) in enumerate(found):
-        on_row[i] = choice == 0 and (parent < 0 or on_row[parent])
+    for i, (parent, slot, token) in enumerate(found):
+        on_row[i] = token == row[slot] and (parent < 0 or on_row[parent])
     order = sorted(range(len(found)), key=lambda i: (not on_row[i], found[i][1], i))
     position = {node: k + 1 for k, node in enumerate(order)}
     parents = [-1] + [position[found[i][0]] if found[i][0] >= 0 else 0 for i in order]
     return DraftTree(tuple(parents)), [-1, *order]
 
 
-def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, choices: int
-               ) -> tuple[DraftTree, mx.array]:
+def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, choices: int,
+                   copy: ContextCopy | None = None, copy_odds: float = 0.1
+                   ) -> tuple[DraftTree, mx.array]:
     """Draft logits [1, n, K] over `head` -> the likeliest tree of `size` tokens (the staged
     token and `size` - 1 nodes from the draft's top `choices` tokens per slot:
-    `likeliest_nodes`) and its verify input [1, size]. Reads the draft's top probabilities
-    (a host sync before the verify)."""
+    `likeliest_nodes`) and its verify input [1, size]. With `copy`, each node's context
+    candidate (`ContextCopy.candidate` of its path) is a child too, weighted as
+    `copied_proposal` trusts it: its draft probability over `copy_odds`, at most the slot's
+    top probability. Reads the draft's probabilities (a host sync before the verify)."""
     probs = mx.softmax(logits[0].astype(mx.float32), axis=-1, precise=True)
     top = top_choices(probs, min(choices, probs.shape[-1]))
     top_probs = mx.take_along_axis(probs, top, axis=-1)
     ids = head.token_ids(top)
-    mx.eval(top_probs, ids)
-    found = likeliest_nodes(np.array(top_probs), size - 1)
-    tree, order = tree_of_nodes(found)
-    ids_host = np.array(ids)
-    tokens = [staged] + [int(ids_host[found[i][1], found[i][2]]) for i in order[1:]]
+    mx.eval(probs, top_probs, ids)
+    ids_host, top_host = np.array(ids), np.array(top_probs)
+    copied = None
+    if copy is not None:
+        all_probs = np.array(probs)
+
+        def copied(path: list[int], slot: int) -> tuple[int, float] | None:
+            candidate = copy.candidate(path)
+            index = head.host_index(candidate) if candidate >= 0 else -1
+            if index < 0:
+                return None
+            p = float(all_probs[slot, index])
+            return candidate, max(p, min(float(top_host[slot, 0]), p / copy_odds))
+
+    found = likeliest_nodes(ids_host, top_host, size - 1, copied)
+    tree, order = tree_of_nodes(found, [int(t) for t in ids_host[:, 0]])
+    tokens = [staged] + [found[i][2] for i in order[1:]]
     return tree, mx.array([tokens], dtype=mx.int32)
 
 

@@ -52,14 +52,13 @@ def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
 
 def tree_run(row: dict, nodes: int, choices: int) -> int:
     """The drafts a cycle keeps from the `nodes` likeliest nodes of the draft's tree."""
-    found = likeliest_nodes(row["probs"][:, :choices], nodes)
+    found = likeliest_nodes(row["top"][:, :choices], row["probs"][:, :choices], nodes)
     children: dict[int, list[int]] = {}
     for i, (parent, _, _) in enumerate(found):
         children.setdefault(parent, []).append(i)
     node, run = -1, 0
-    for slot, true in enumerate(row["future"]):
-        node = next((i for i in children.get(node, [])
-                     if int(row["top"][slot, found[i][2]]) == true), None)
+    for true in row["future"]:
+        node = next((i for i in children.get(node, []) if found[i][2] == true), None)
         if node is None:
             break
         run += 1

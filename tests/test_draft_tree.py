@@ -21,17 +21,37 @@ from engine.tree import likeliest_nodes, likeliest_tree, tree_of_nodes
 
 
 def test_a_sure_draft_gets_a_row_and_an_unsure_one_its_runner_ups():
+    tokens = np.array([[10, 11], [20, 21], [30, 31], [40, 41]])
     sure = np.array([[0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05]])
-    assert likeliest_nodes(sure, 4) == [(-1, 0, 0), (0, 1, 0), (1, 2, 0), (2, 3, 0)]
+    assert likeliest_nodes(tokens, sure, 4) == [(-1, 0, 10), (0, 1, 20), (1, 2, 30),
+                                                (2, 3, 40)]
     # unsure at its first slot: both choices there, and the row goes on after each
     split = np.array([[0.5, 0.45], [0.9, 0.05], [0.9, 0.05]])
-    assert likeliest_nodes(split, 4) == [(-1, 0, 0), (-1, 0, 1), (0, 1, 0), (1, 1, 0)]
-    assert len(likeliest_nodes(split, 100)) == 2 + 4 + 8  # every node of the tree at most
+    assert likeliest_nodes(tokens[:3], split, 4) == [(-1, 0, 10), (-1, 0, 11), (0, 1, 20),
+                                                     (1, 1, 20)]
+    assert len(likeliest_nodes(tokens[:3], split, 100)) == 2 + 4 + 8  # every node at most
+
+
+def test_the_context_candidate_joins_the_tree_where_it_weighs_enough():
+    tokens = np.array([[10, 11], [20, 21], [30, 31]])
+    probs = np.array([[0.9, 0.05], [0.6, 0.3], [0.9, 0.05]])
+    paths = []
+
+    def copied(path, slot):  # the context goes on with 25 after 10, weighted 0.8
+        paths.append(list(path))
+        return (25, 0.8) if path == [10] else None
+
+    found = likeliest_nodes(tokens, probs, 3, copied)
+    assert found == [(-1, 0, 10), (0, 1, 25), (1, 2, 30)]  # 25 outweighs the draft's 20
+    assert paths[:2] == [[], [10]]  # asked with each node's path
+    # a candidate among the top tokens only raises its weight
+    found = likeliest_nodes(tokens, probs, 2, lambda path, slot: (21, 0.7) if path else None)
+    assert found == [(-1, 0, 10), (0, 1, 21)]
 
 
 def test_the_tree_puts_the_top_row_first_and_parents_before_children():
-    found = [(-1, 0, 0), (-1, 0, 1), (0, 1, 0), (1, 1, 0), (2, 2, 0), (3, 2, 1)]
-    tree, order = tree_of_nodes(found)
+    found = [(-1, 0, 10), (-1, 0, 11), (0, 1, 20), (1, 1, 20), (2, 2, 30), (3, 2, 31)]
+    tree, order = tree_of_nodes(found, [10, 20, 30])
     assert order == [-1, 0, 2, 4, 1, 3, 5]  # the staged token, the top row, then by slot
     assert tree.parents == (-1, 0, 1, 2, 0, 4, 5)
     assert tree.depths == [0, 1, 2, 3, 1, 2, 3]
@@ -101,7 +121,8 @@ def test_draft_trees_stay_greedy(tiny_pairs, family, cut, lookup):
     rt = load(tiny_pairs, family, draft_tree=True, lookup_min_match=lookup,
               min_draft_confidence=cut)
     assert rt.describe()["draft_tree"] is True
-    assert rt.describe()["prefetch_draft"] is False and rt.describe()["copy_odds"] is None
+    assert rt.describe()["prefetch_draft"] is False
+    assert rt.describe()["copy_odds"] == (0.1 if cut else None)  # the CPU's auto: with the cut
     sizes = []
     forward_tree = rt.target.forward_tree
     rt.target.forward_tree = lambda tokens, cache, taps, depths, ancestry: (
