@@ -116,6 +116,22 @@ def pooled_sets(sets: dict[str, list], runs: dict) -> dict[str, dict[str, float]
     return found
 
 
+def rule_study(doc: str, rows_of, rules: dict, argv: list[str] | None) -> int:
+    """A study's whole run: its flags (`study_parser`), the suites' replies as `rows_of`
+    gives their anchors, each rule's pooled tokens/cycle, the JSON; `rules`: name -> (run of
+    an anchor row, the tokens its verify holds)."""
+    args = study_parser(doc).parse_args(argv)
+    draft, rt = whole_block_runtime(args.draft)
+    sets = study_sets(draft, rt, rows_of, args.limit, args.max_tokens, args.heldout,
+                      args.heldout_limit)
+    result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
+              "replies": {k: len(v) for k, v in sets.items()},
+              "verify_tokens": {name: tokens for name, (_, tokens) in rules.items()}}
+    result["sets"] = pooled_sets(sets, {name: run for name, (run, _) in rules.items()})
+    write_study(args.json, result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = study_parser(__doc__).parse_args(argv)
     draft, rt = whole_block_runtime(args.draft)

@@ -17,10 +17,7 @@ no suffix lookup); tokens/cycle pooled over a set's cycles.
 
 from __future__ import annotations
 
-import sys
-
-from branch_study import anchor_rows, pooled_sets, run_of  # scripts/ is on the path when run
-from choice_study import study_parser, study_sets, whole_block_runtime, write_study
+from branch_study import anchor_rows, rule_study, run_of  # scripts/ is on the path when run
 
 from engine.config import DEFAULT_MIN_CONFIDENCE
 
@@ -55,20 +52,11 @@ def cut_run(row: dict, slots: int, choices: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_parser(__doc__).parse_args(argv)
-    draft, rt = whole_block_runtime(args.draft)
-    sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
-                      args.heldout_limit)
     shapes = {f"main{m}_first{s}_top{k}": (lambda row, m=m, s=s, k=k: sibling_run(row, m, s, k),
                                           1 + m + s * (k - 1)) for m, s, k in SHAPES}
     shapes.update({f"cut{s}x{k}": (lambda row, s=s, k=k: cut_run(row, s, k), None)
                    for s, k in CUTS})
-    result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
-              "replies": {k: len(v) for k, v in sets.items()},
-              "verify_tokens": {name: tokens for name, (_, tokens) in shapes.items()}}
-    result["sets"] = pooled_sets(sets, {shape: run for shape, (run, _) in shapes.items()})
-    write_study(args.json, result)
-    return 0
+    return rule_study(__doc__, anchor_rows, shapes, argv)
 
 
 if __name__ == "__main__":

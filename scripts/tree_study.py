@@ -18,11 +18,9 @@ cycles.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from branch_study import pooled_sets  # scripts/ is on the path when run
-from choice_study import reply_blocks, study_parser, study_sets, whole_block_runtime, write_study
+from branch_study import rule_study  # scripts/ is on the path when run
+from choice_study import reply_blocks
 from sibling_study import sibling_run
 
 from engine.tree import likeliest_nodes
@@ -66,20 +64,11 @@ def tree_run(row: dict, nodes: int, choices: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = study_parser(__doc__).parse_args(argv)
-    draft, rt = whole_block_runtime(args.draft)
-    sets = study_sets(draft, rt, anchor_rows, args.limit, args.max_tokens, args.heldout,
-                      args.heldout_limit)
     rules = {"row": (lambda row: sibling_run(row, 15, 0, 1), 16),
              "siblings3x3": (lambda row: sibling_run(row, 9, 3, 3), 16)}
     rules.update({f"tree{n}_top{c}": (lambda row, n=n, c=c: tree_run(row, n, c), n + 1)
                   for n, c in TREES})
-    result = {"command": "python " + " ".join(sys.argv), "draft": args.draft,
-              "replies": {k: len(v) for k, v in sets.items()},
-              "verify_tokens": {name: tokens for name, (_, tokens) in rules.items()}}
-    result["sets"] = pooled_sets(sets, {name: run for name, (run, _) in rules.items()})
-    write_study(args.json, result)
-    return 0
+    return rule_study(__doc__, anchor_rows, rules, argv)
 
 
 if __name__ == "__main__":
