@@ -662,10 +662,8 @@ class DraftProposer:
             return tree_proposal(staged, logits, self.output_head, self.tree)
         if self.draft_tree and size > 1:
             logits = self.draft_logits(staged, size)
-            length = size
-            if self.min_confidence is not None:  # the tree fills the cut's padded length
-                length = padded(unpadded_cut(top_probability(logits), self.min_confidence, size),
-                                size, self.verify_lengths)
+            # the tree fills the verify's length: the cut's, padded, where the cut is on
+            length = verify_length(logits, self.min_confidence, size, self.verify_lengths)
             self.tree, verify_in = likeliest_tree(staged, logits, self.output_head, length,
                                                   TREE_CHOICES, self.copy, self.copy_odds)
             return verify_in

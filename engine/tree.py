@@ -220,7 +220,8 @@ def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, ch
 
 
 def top_choices(probs: mx.array, choices: int) -> mx.array:
-    """The indices of each row's `choices` largest values, largest first ([n, K] -> [n, C])."""
-    part = mx.argpartition(-probs, choices - 1, axis=-1)[:, :choices]
+    """The indices of each row's `choices` largest values, largest first ([..., K] ->
+    [..., C])."""
+    part = mx.argpartition(-probs, choices - 1, axis=-1)[..., :choices]
     order = mx.argsort(-mx.take_along_axis(probs, part, axis=-1), axis=-1)
     return mx.take_along_axis(part, order, axis=-1)

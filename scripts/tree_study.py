@@ -40,7 +40,7 @@ def anchor_rows(draft, target, seq: list[int], prompt_len: int) -> list[dict]:
     rows = []
     for anchors, logits, _ in reply_blocks(draft, target, seq, prompt_len):
         probs = mx.softmax(logits, axis=-1, precise=True)
-        top = mx.stack([top_choices(p, TOP) for p in probs])
+        top = top_choices(probs, TOP)
         top_probs = mx.take_along_axis(probs, top, axis=-1)
         top, top_probs = np.array(top), np.array(top_probs)
         for j, a in enumerate(anchors):

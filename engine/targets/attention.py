@@ -90,9 +90,9 @@ class PositionedView:
 
 
 class TreeView(PositionedView):
-    """A KV cache as a sibling tree's verify sees it: new entries after the cache's, each at
-    its own position (`offset`: a vector [T], for `PerTokenRope`); they stay here too, for
-    `AttentionAdapter.keep_path` to re-append a kept sibling's."""
+    """A KV cache as a tree's verify sees it (engine/tree.py): new entries after the cache's,
+    each at its own position (`offset`: a vector [T], for `PerTokenRope`); they stay here too,
+    for `AttentionAdapter.keep_path` to re-append a kept off-row node's."""
 
     tree = True
     keys: mx.array | None = None
@@ -310,7 +310,7 @@ class AttentionAdapter(TargetAdapter):
         attend = self._attend[index]
         half = self._halves[index] if self._verifying and self._halves is not None else None
         written_out = self.cpu_mlp and type(layer) in SPLIT_LAYERS  # the layer's own code
-        tree = isinstance(cache, TreeView)  # a sibling tree's verify (forward_tree)
+        tree = isinstance(cache, TreeView)  # a tree's verify (forward_tree)
         if attend is None and half is None and not written_out and not tree:
             return layer(h, masks["attention"], cache=cache)
         x = layer.input_layernorm(h)

@@ -196,7 +196,7 @@ class TargetAdapter:
 
     def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
                      depths: Sequence[int], ancestry: np.ndarray) -> tuple[mx.array, mx.array]:
-        """`forward` of a sibling tree's tokens [1, T] after the cache's (engine/tree.py): each
+        """`forward` of a tree's tokens [1, T] after the cache's (engine/tree.py): each
         at its `depths` position past them, attending to the cache's tokens and to the nodes
         its row of `ancestry` [T, T] (bool) holds."""
         raise NotImplementedError
