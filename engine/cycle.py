@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -23,8 +23,10 @@ from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 from .tree import (
     TREE_CHOICES,
+    ChainedChoices,
     TreeShape,
     accept_tree,
+    chained_choices,
     likeliest_tree,
     sibling_tree,
     tree_proposal,
@@ -33,6 +35,8 @@ from .tree import (
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
 REPEAT_ODDS = 0.4
+
+Built = TypeVar("Built")
 
 
 @dataclass
@@ -249,7 +253,7 @@ def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged
     return mx.put_along_axis(own, chosen, best_value, axis=-1)[None]
 
 
-def single_threaded(target: TargetAdapter, build: Callable[[], mx.array]) -> mx.array:
+def single_threaded(target: TargetAdapter, build: Callable[[], Built]) -> Built:
     """`build()`, built and evaluated with OpenBLAS on one thread where the target's forwards
     keep it there (a CPU: `cpu_linear.blas_aside`): a token chain's products of more rows
     than the kernel takes would otherwise run on OpenBLAS's workers, which spin on into the
@@ -261,7 +265,8 @@ def single_threaded(target: TargetAdapter, build: Callable[[], mx.array]) -> mx.
         return build()
     try:
         out = build()
-        mx.eval(out)
+        if isinstance(out, mx.array):
+            mx.eval(out)
     finally:
         aside.set(restore)  # type: ignore[union-attr]
     return out
@@ -661,11 +666,12 @@ class DraftProposer:
                 return drafted_proposal(staged, logits[:, :length - 1], self.output_head)
             return tree_proposal(staged, logits, self.output_head, self.tree)
         if self.draft_tree and size > 1:
-            logits = self.draft_logits(staged, size)
+            logits, chained = self.tree_logits(staged, size)
             # the tree fills the verify's length: the cut's, padded, where the cut is on
             length = verify_length(logits, self.min_confidence, size, self.verify_lengths)
             self.tree, verify_in = likeliest_tree(staged, logits, self.output_head, length,
-                                                  TREE_CHOICES, self.copy, self.copy_odds)
+                                                  TREE_CHOICES, self.copy, self.copy_odds,
+                                                  chained)
             return verify_in
         if size == 1:
             self._prefetched = None
@@ -729,14 +735,30 @@ class DraftProposer:
         logits = self._take_prefetched(size)
         if logits is not None:
             return logits
+        return self.block_logits(*self.draft_block(staged, size), chained)
+
+    def draft_block(self, staged: int, size: int
+                    ) -> tuple[mx.array, Callable[[mx.array], mx.array]]:
+        """A draft forward's block [1, size] ([staged, mask x (size-1)]) and how its
+        embeddings run through the draft (-> its hidden states [1, size, H])."""
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
         finish = self.finish if self.draft.args.target_top else None
         if not self.draft.args.anchor_peek:
-            return self.block_logits(
-                block, lambda embedded: self.draft(embedded, self.cache, finish=finish), chained)
+            return block, lambda embedded: self.draft(embedded, self.cache, finish=finish)
         seen = self.anchor_taps(staged)
-        return self.block_logits(block, lambda embedded: self.draft.peeking(
-            embedded, self.cache, seen, finish), chained)
+        return block, lambda embedded: self.draft.peeking(embedded, self.cache, seen, finish)
+
+    def tree_logits(self, staged: int, size: int) -> tuple[mx.array, ChainedChoices | None]:
+        """A draft tree's inputs: the draft's own logits [1, size - 1, K] and, with its token
+        chain on, the chain's choices after each slot's top tokens (`chained_choices`)."""
+        if not self.token_chain or self.draft.chain is None or self.refine is not None:
+            return self.draft_logits(staged, size, chained=False), None
+        block, run = self.draft_block(staged, size)
+        hidden = run(self.target.embed(block))
+        logits = draft_head_logits(self.output_head, hidden)
+        return logits, single_threaded(self.target, lambda: chained_choices(
+            self.draft.chain, hidden, logits, staged, self.output_head, self.target.embed,
+            self.draft.args.chain_candidates, TREE_CHOICES))
 
     def finish(self, states: mx.array) -> mx.array:
         """A draft's slot states through the target's last layers (`DraftArgs.target_top`),

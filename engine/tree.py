@@ -29,6 +29,7 @@ from functools import cached_property
 import mlx.core as mx
 import numpy as np
 
+from .draft import TokenChain
 from .draft_head import DraftHead
 from .lookup import ContextCopy
 
@@ -135,13 +136,65 @@ class DraftTree(TreeShape):
     parents: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class ChainedChoices:
+    """A token chain's choices for a block (`chained_choices`), on the host: at slot s, after
+    each of `before[s]`'s tokens [n, k] (slot 0: the staged token, every column), the chain's
+    top C `tokens` [n, k, C] with their probabilities `probs` [n, k, C]."""
+
+    before: np.ndarray
+    tokens: np.ndarray
+    probs: np.ndarray
+
+    def after(self, slot: int, path: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The choices at `slot` after a node's `path` (its tokens from slot 0), or None where
+        the chain did not score the path's last token (outside the slot before's top k)."""
+        if slot == 0:
+            return self.tokens[0, 0], self.probs[0, 0]
+        found = np.flatnonzero(self.before[slot] == path[-1])
+        if found.size == 0:
+            return None
+        return self.tokens[slot, found[0]], self.probs[slot, found[0]]
+
+    def walk(self, fallback: Sequence[int]) -> list[int]:
+        """The greedy walk: each slot's top choice after the walk's token before it (the
+        draft's own top token `fallback[slot]` where the chain did not score it)."""
+        row: list[int] = []
+        for slot in range(self.tokens.shape[0]):
+            choices = self.after(slot, row)
+            row.append(int(choices[0][0]) if choices is not None else int(fallback[slot]))
+        return row
+
+
+def chained_choices(chain: TokenChain, hidden: mx.array, logits: mx.array, staged: int,
+                    head: DraftHead, embed: Callable[[mx.array], mx.array], candidates: int,
+                    choices: int) -> ChainedChoices:
+    """What a draft tree's nodes may be followed by, as the draft's token chain
+    (`TokenChain`) says: the block's hidden states [1, n + 1, H] (slot 0 the staged token),
+    its draft logits [1, n, K] over `head`; each slot's `candidates` top tokens are the ones
+    the next slot is scored after (the chain's own distributions over the whole head, so the
+    nodes' likelihoods stay calibrated). Reads them to the host."""
+    k = min(candidates, logits.shape[2])
+    before = head.token_ids(top_choices(logits[0], k)).astype(mx.int32)  # [n, k]
+    before = mx.concatenate([mx.full((1, k), staged, dtype=mx.int32), before[:-1]])
+    chained = chain(hidden[0, 1:, None, :], embed(before))  # [n, k, H]
+    probs = mx.softmax(head(chained).astype(mx.float32), axis=-1, precise=True)  # [n, k, K]
+    top = top_choices(probs, min(choices, probs.shape[-1]))
+    top_probs = mx.take_along_axis(probs, top, axis=-1)
+    ids = head.token_ids(top)
+    mx.eval(before, ids, top_probs)
+    return ChainedChoices(np.array(before), np.array(ids), np.array(top_probs))
+
+
 def likeliest_nodes(tokens: np.ndarray, probs: np.ndarray, count: int,
-                    copied: Callable[[list[int], int], tuple[int, float] | None] | None = None
-                    ) -> list[tuple[int, int, int]]:
+                    copied: Callable[[list[int], int], tuple[int, float] | None] | None = None,
+                    chained: ChainedChoices | None = None) -> list[tuple[int, int, int]]:
     """The `count` likeliest nodes of the tree of a block's continuations: at each of n slots
     the draft's top C `tokens` [n, C] with their probabilities `probs` [n, C], best first, and
     with `copied`, the context's candidate after a node's path (`copied(path, slot)` -> (token,
-    its weight) or None; it raises the weight of a token already among the top C). A node's
+    its weight) or None; it raises the weight of a token already among the top C). With
+    `chained`, a node's children are the token chain's choices after its token where the
+    chain scored it (`ChainedChoices.after`), the draft's top C where not. A node's
     likelihood is the product of its path's weights, so a parent is always likelier than its
     children and the likeliest nodes form a tree. -> (parent: an earlier entry's index, -1
     for the staged token; slot; token), in the order found (parents first)."""
@@ -153,7 +206,9 @@ def likeliest_nodes(tokens: np.ndarray, probs: np.ndarray, count: int,
 
     def push(parent: int, likelihood: float, path: list[int], slot: int) -> None:
         nonlocal pushed
-        weights = {int(t): float(p) for t, p in zip(tokens[slot], probs[slot], strict=True)}
+        choices = chained.after(slot, path) if chained is not None else None
+        slot_tokens, slot_probs = choices if choices is not None else (tokens[slot], probs[slot])
+        weights = {int(t): float(p) for t, p in zip(slot_tokens, slot_probs, strict=True)}
         extra = copied(path, slot) if copied is not None else None
         if extra is not None:
             weights[extra[0]] = max(weights.get(extra[0], 0.0), extra[1])
@@ -187,14 +242,15 @@ def tree_of_nodes(found: list[tuple[int, int, int]], row: Sequence[int]
 
 
 def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, choices: int,
-                   copy: ContextCopy | None = None, copy_odds: float = 0.1
-                   ) -> tuple[DraftTree, mx.array]:
+                   copy: ContextCopy | None = None, copy_odds: float = 0.1,
+                   chained: ChainedChoices | None = None) -> tuple[DraftTree, mx.array]:
     """Draft logits [1, n, K] over `head` -> the likeliest tree of `size` tokens (the staged
     token and `size` - 1 nodes from the draft's top `choices` tokens per slot:
     `likeliest_nodes`) and its verify input [1, size]. With `copy`, each node's context
     candidate (`ContextCopy.candidate` of its path) is a child too, weighted as
     `copied_proposal` trusts it: its draft probability over `copy_odds`, at most the slot's
-    top probability. Reads the draft's probabilities (a host sync before the verify)."""
+    top probability. With `chained`, the token chain's choices after each node
+    (`chained_choices`). Reads the draft's probabilities (a host sync before the verify)."""
     probs = mx.softmax(logits[0].astype(mx.float32), axis=-1, precise=True)
     top = top_choices(probs, min(choices, probs.shape[-1]))
     top_probs = mx.take_along_axis(probs, top, axis=-1)
@@ -213,8 +269,9 @@ def likeliest_tree(staged: int, logits: mx.array, head: DraftHead, size: int, ch
             p = float(all_probs[slot, index])
             return candidate, max(p, min(float(top_host[slot, 0]), p / copy_odds))
 
-    found = likeliest_nodes(ids_host, top_host, size - 1, copied)
-    tree, order = tree_of_nodes(found, [int(t) for t in ids_host[:, 0]])
+    found = likeliest_nodes(ids_host, top_host, size - 1, copied, chained)
+    row = [int(t) for t in ids_host[:, 0]]
+    tree, order = tree_of_nodes(found, chained.walk(row) if chained is not None else row)
     tokens = [staged] + [found[i][2] for i in order[1:]]
     return tree, mx.array([tokens], dtype=mx.int32)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_branches import Head
 from test_cycle_sync import load, reads_per_cycle
+from test_token_chain import chained, primed
 from tiny_pairs import check_plain_caches, plain_greedy
 
 from engine import DFlashConfig
@@ -17,7 +18,13 @@ from engine.config import add_engine_args, config_from_args
 from engine.cycle import DraftProposer, speculative_decode
 from engine.errors import ConfigError
 from engine.kernels import cpu_native, cpu_softmax
-from engine.tree import likeliest_nodes, likeliest_tree, tree_of_nodes
+from engine.tree import (
+    ChainedChoices,
+    chained_choices,
+    likeliest_nodes,
+    likeliest_tree,
+    tree_of_nodes,
+)
 
 
 def test_a_sure_draft_gets_a_row_and_an_unsure_one_its_runner_ups():
@@ -65,6 +72,74 @@ def test_likeliest_tree_proposes_each_node_s_token():
     tree, verify_in = likeliest_tree(7, logits, Head([10, 11, 12, 13, 14]), 6, 3)
     assert verify_in.tolist() == [[7, 11, 14, 10, 12, 14]]
     assert tree.parents == (-1, 0, 1, 2, 0, 4)
+
+
+def test_a_chain_gives_each_node_the_children_that_follow_its_own_token():
+    tokens = np.array([[10, 11], [20, 21], [30, 31]])
+    probs = np.array([[0.5, 0.48], [0.5, 0.45], [0.9, 0.05]])
+    # the draft's marginals alone follow 11 with 20, the token that comes after 10
+    assert likeliest_nodes(tokens, probs, 4) == [(-1, 0, 10), (-1, 0, 11), (0, 1, 20),
+                                                 (1, 1, 20)]
+    chain = ChainedChoices(  # the chain: 20 after 10, 21 after 11
+        before=np.array([[0, 0], [10, 11], [20, 21]]),
+        tokens=np.array([[[10, 11], [10, 11]], [[20, 21], [21, 20]], [[30, 31], [30, 31]]]),
+        probs=np.array([[[0.5, 0.48], [0.5, 0.48]], [[0.95, 0.03], [0.95, 0.03]],
+                        [[0.9, 0.05], [0.9, 0.05]]]))
+    assert likeliest_nodes(tokens, probs, 4, chained=chain) == [
+        (-1, 0, 10), (-1, 0, 11), (0, 1, 20), (1, 1, 21)]
+    assert chain.after(1, [11])[0].tolist() == [21, 20]
+    assert chain.after(2, [10, 25]) is None  # a token the chain did not score
+    # after the context's 25 the chain has no choices: the draft's own follow it (30, 0.9)
+    found = likeliest_nodes(tokens, probs, 6, lambda path, slot: (25, 0.99) if path == [10]
+                            else None, chain)
+    assert found == [(-1, 0, 10), (0, 1, 25), (-1, 0, 11), (0, 1, 20), (2, 1, 21), (1, 2, 30)]
+    # the top row: the chain's greedy walk
+    assert chain.walk([10, 20, 30]) == [10, 20, 30]
+    first_11 = ChainedChoices(chain.before, chain.tokens[:, :, ::-1].copy(), chain.probs)
+    assert first_11.walk([10, 20, 30]) == [11, 20, 31]
+    assert first_11.walk([10, 20, 30]) != [11, 21, 30]  # its ranks swapped at every slot
+
+
+def test_chained_choices_are_the_chains_own_distributions_after_each_top_token(tiny_pairs):
+    rt = chained(load(tiny_pairs, "llama"), candidates=3, seed=3)
+    proposer = primed(rt, list(range(3, 20)))
+    hidden = rt.draft(rt.target.embed(proposer.staged_block(mx.array(7), 16)), proposer.cache)
+    head = proposer.output_head
+    logits = proposer.draft_logits(7, 16, chained=False)
+    choices = chained_choices(rt.draft.chain, hidden, logits, 7, head, rt.target.embed, 3, 4)
+    assert choices.before.shape == (15, 3) and choices.tokens.shape == (15, 3, 4)
+    assert (choices.before[0] == 7).all()  # slot 0 follows the staged token
+    top3 = np.argsort(-np.array(logits[0]), axis=-1)[:, :3]
+    assert sorted(choices.before[5]) == sorted(top3[4])  # slot 5 follows slot 4's top 3
+    token = int(choices.before[5, 1])
+    # slot 5 is the block's 7th position (slot 0 the first after the staged token)
+    own = mx.softmax(head(rt.draft.chain(hidden[0, 6], rt.target.embed(mx.array(token)))))
+    assert np.allclose(choices.probs[5, 1], np.sort(np.array(own))[::-1][:4], atol=1e-5)
+    assert choices.tokens[5, 1, 0] == int(mx.argmax(own))
+    # the tree's first nodes are the chain's greedy walk, as far as the tree holds it
+    tree, verify_in = likeliest_tree(7, logits, head, 16, 4, chained=choices)
+    walk = choices.walk(np.argmax(np.array(logits[0]), -1).tolist())
+    depth = next((i for i in range(1, 16) if tree.parents[i] != i - 1), 16) - 1
+    assert depth >= 1 and verify_in[0, 1:depth + 1].tolist() == walk[:depth]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("cut", [None, 0.4])
+def test_draft_trees_with_a_chain_stay_greedy(tiny_pairs, family, cut):
+    rt = chained(load(tiny_pairs, family, draft_tree=True, token_chain=True,
+                      min_draft_confidence=cut), seed=5)
+    built = []
+    proposer = DraftProposer(rt.target, rt.draft, draft_tree=True, min_confidence=cut)
+    tree_logits = proposer.tree_logits
+    proposer.tree_logits = lambda staged, size: (
+        built.append(tree_logits(staged, size)), built[-1])[1]
+    for prompt in ("Hello world", "def add(a, b):"):
+        ids = rt.encode(prompt)
+        proposer.cache = rt.draft.make_cache()
+        tokens = [t for c in speculative_decode(rt.target, proposer, ids, 60, 16, 512)
+                  for t in c.tokens]
+        assert tokens == plain_greedy(rt.model, ids, 60)
+    assert built and all(chain is not None for _, chain in built)
 
 
 class RunnerUpProposer(DraftProposer):
