@@ -39,6 +39,7 @@ from engine.bench.metrics import (
     repeated_ngram_share,
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
+from engine.bench.timing import first_mismatch, run_baseline
 from engine.config import (
     DFlashConfig,
     branches_arg,
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-chain", choices=["on", "off"], default="on",
                    help="a draft's token chain, where it has one (default on: part of the "
                         "draft measured; the engine leaves it off by default)")
+    p.add_argument("--check-plain", action="store_true",
+                   help="also decode plainly (mlx-lm) and check every reply is identical")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
@@ -123,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
               "siblings": list(args.siblings) if args.siblings else None,
               "draft_tree": args.draft_tree,
               "copy_odds": args.copy_odds, "refine": args.refine,
-              "token_chain": args.token_chain,
+              "token_chain": args.token_chain, "check_plain": args.check_plain,
               "machine": machine_info(),
               "versions": versions(), "drafts": {}}
+    plain: dict[tuple[str, str], list[int]] = {}  # (suite, prompt id) -> mlx-lm's reply
+    mismatched = 0
     for folder in args.draft:
         draft = load_draft_folder(Path(folder))
         rt = DFlashRuntime(base.model, base.tokenizer, draft, config, target=base.target)
@@ -143,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                            nonloop_tokens_per_cycle(result.cycle_tokens, start),
                        "repeat4_share": repeated_ngram_share(result.tokens),
                        "lookup_cycles": result.lookup_cycles, "cycles": result.cycles}
+                if args.check_plain:
+                    key = (suite, prompt.id)
+                    if key not in plain:
+                        plain[key] = run_baseline(base.model, rt.encode(messages),
+                                                  args.max_tokens, config.prefill_chunk,
+                                                  base.tokenizer).tokens
+                    bad = first_mismatch(plain[key], list(result.tokens))
+                    run.update(token_match=bad is None, first_mismatch=bad)
+                    mismatched += bad is not None
                 if args.walk:
                     ids = rt.encode(messages)
                     run.update(real_cycles=list(result.cycle_tokens), prompt_tokens=ids,
@@ -157,15 +171,19 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("tokens_per_cycle", "tokens_per_cycle_nonloop"):
                 rows[suite][k + "_se"] = standard_error(runs, k)
             rows[suite]["lookup_cycle_share"] = lookup_cycle_share(runs)
+            if args.check_plain:
+                rows[suite]["token_match"] = all(r["token_match"] for r in runs)
             rows[suite]["runs"] = runs
             walked = (f"  walk {rows[suite]['walk']:.2f}  anchor mean "
                       f"{rows[suite]['anchor_mean']:.2f}") if args.walk else ""
             se = rows[suite]["tokens_per_cycle_se"]
+            identical = (f"  identical to plain {sum(r['token_match'] for r in runs)}/"
+                         f"{len(runs)}") if args.check_plain else ""
             print(f"{folder}  {suite:9s} tokens/cycle {rows[suite]['tokens_per_cycle']:.2f}"
                   f"{f' (se {se:.2f})' if se is not None else ''}  "
                   f"non-loop {rows[suite]['tokens_per_cycle_nonloop']:.2f}  "
                   f"repeated 4-grams {rows[suite]['repeat4_share']:.2f}  lookup cycles "
-                  f"{rows[suite]['lookup_cycle_share']:.0%}{walked}", flush=True)
+                  f"{rows[suite]['lookup_cycle_share']:.0%}{walked}{identical}", flush=True)
         if args.heldout:
             data = Dataset.load(Path(args.heldout))
             runs = [simulate_answer(draft, base.target, data.sequences[i], data.prompt_lens[i])
@@ -177,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         report["drafts"][folder] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if mismatched:
+        print(f"{mismatched} replies differ from plain decoding", file=sys.stderr)
+        return 1
     return 0
 
 
