@@ -76,6 +76,7 @@ def standard_error(runs: list[dict], key: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
+    p.add_argument("--model", help="target id or folder (default: the offline default pair's)")
     p.add_argument("--suite", action="append", choices=sorted(SUITES),
                    help="suite (repeatable; default: all three)")
     p.add_argument("--limit", type=int, default=4, help="N prompts of each suite (see --pick)")
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                           draft_tree=args.draft_tree == "on", copy_odds=args.copy_odds,
                           refine=args.refine,
                           token_chain=args.token_chain == "on")
-    base = DFlashRuntime.from_pretrained(config=config)
+    base = DFlashRuntime.from_pretrained(model=args.model, config=config,
+                                         draft=args.draft[0] if args.model else None)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
               "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from script_modules import load_script
@@ -16,3 +17,29 @@ def test_the_standard_error_is_the_spread_of_the_mean_over_the_runs_it_counts():
     # sample standard deviation 2 over three runs (the None one not counted)
     assert math.isclose(acceptance.standard_error(runs, "tokens_per_cycle"), 2 / math.sqrt(3))
     assert acceptance.standard_error(runs[:1], "tokens_per_cycle") is None
+
+
+def test_check_plain_records_each_reply_identical_and_fails_on_a_difference(
+        tiny_pairs, tmp_path, monkeypatch):
+    target, draft = tiny_pairs("llama")
+    args = ["--model", str(target), "--draft", str(draft), "--suite", "gsm8k", "--limit", "2",
+            "--max-tokens", "12", "--draft-tree", "on", "--check-plain"]
+    report = tmp_path / "same.json"
+    assert acceptance.main([*args, "--json", str(report)]) == 0
+    rows = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]
+    assert rows["token_match"] is True
+    assert [r["first_mismatch"] for r in rows["runs"]] == [None, None]
+
+    plain = acceptance.run_baseline
+
+    def one_token_off(*a, **k):
+        side = plain(*a, **k)
+        side.tokens[3] += 1
+        return side
+
+    monkeypatch.setattr(acceptance, "run_baseline", one_token_off)
+    report = tmp_path / "differs.json"
+    assert acceptance.main([*args, "--json", str(report)]) == 1
+    rows = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]
+    assert rows["token_match"] is False
+    assert [r["first_mismatch"] for r in rows["runs"]] == [3, 3]
