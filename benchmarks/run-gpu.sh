@@ -47,7 +47,8 @@
 #                defaults', the oracle proposing every cycle: ORACLE=0), "siblings": the
 #                defaults with --siblings SIBLINGS (default 3x3: sibling trees),
 #                "drafttree": the defaults with --draft-tree on (the draft's likeliest tree
-#                each cycle); the
+#                each cycle), "chaintree": the same tree following the draft's token chain
+#                (--draft-tree on --token-chain on), "chain": the row following it; the
 #                stage-19 and stage-20 sessions measured compiled, tree, tree-all, pipeline and
 #                prefetch-stream: only the last paid, benchmarks/stage19/, stage20/) the oracle
 #                rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them; never for trees: the
@@ -183,9 +184,11 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
       span) a="--lookup-span ${SPAN:-64}" ;;  # the defaults + a loop's repeat past the block
       siblings) a="--siblings ${SIBLINGS:-3x3}" ;;  # the defaults + sibling trees (engine/tree.py)
       drafttree) a="--draft-tree on" ;;  # the defaults + the draft's likeliest trees
+      chaintree) a="--draft-tree on --token-chain on" ;;  # ... whose children follow the chain
+      chain) a="--token-chain on" ;;  # the defaults + the row following the chain
       *) echo "unknown variant $v" >&2; continue ;;
     esac
-    if [[ ${ORACLE:-1} == 1 && $v != tree* && $v != siblings && $v != drafttree ]]; then  # the oracle: one row
+    if [[ ${ORACLE:-1} == 1 && $v != tree* && $v != siblings && $v != *tree ]]; then  # the oracle: one row
       for k in ${ORACLE_KS:-8 4}; do
         ARGS="$a" bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos \
           --oracle-tokens-per-cycle $k --json "$OUT/smollm2-oracle$k-$v-h200.json"
