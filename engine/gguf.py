@@ -1,4 +1,4 @@
-"""Load a llama-architecture GGUF (llama.cpp's format) as an mlx-lm llama model + tokenizer.
+"""Load a llama or qwen2 GGUF (llama.cpp's format) as an mlx-lm model + tokenizer.
 
 Two ways to hold the weights. Dequantized (`quantized=False`, the CPU's way): on CPU, MLX's
 quantized matmuls are far slower than plain fp32 ones with a fast BLAS. At checkpoint precision
@@ -68,9 +68,7 @@ def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = Fal
     keep = quantized and all(t in MLX_TYPES for t in types.values())
     target = getattr(mx, dtype) if dtype else (mx.float16 if keep else default_dtype())
     weights, bits = load_weights(path, types, args, target, keep)
-    from mlx_lm.models.llama import Model, ModelArgs
-
-    model = Model(ModelArgs(**args))
+    model = build_model(args)
     if bits:
         nn.quantize(model, class_predicate=lambda p, m: p in bits and {
             "group_size": GROUP, "bits": bits[p], "mode": "affine"})
@@ -78,6 +76,14 @@ def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = Fal
     model.eval()
     mx.eval(model.parameters())
     return model, load_tokenizer(path, metadata)
+
+
+def build_model(args: dict[str, Any]) -> nn.Module:
+    """An empty mlx-lm model of `model_args`' architecture."""
+    from importlib import import_module
+
+    module = import_module(f"mlx_lm.models.{args['model_type']}")
+    return module.Model(module.ModelArgs(**args))
 
 
 def default_dtype() -> mx.Dtype:
@@ -153,43 +159,51 @@ def _value(buf: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
 # Model
 
 
+ARCHITECTURES = ("llama", "qwen2")
+
+
 def model_args(metadata: dict[str, Any], types: dict[str, int], path: Path) -> dict[str, Any]:
-    """mlx-lm llama `ModelArgs` fields from `llama.*` metadata."""
+    """mlx-lm `ModelArgs` fields (llama or qwen2) from the `<architecture>.*` metadata."""
     arch = metadata.get("general.architecture")
-    if arch != "llama":
+    if arch not in ARCHITECTURES:
         raise UnsupportedModel(
-            f"{path}: GGUF architecture {arch!r} is not supported (only 'llama': Llama, SmolLM, "
-            "TinyLlama, ...). Fix: use a llama-architecture GGUF or the model's HF safetensors."
+            f"{path}: GGUF architecture {arch!r} is not supported (only llama: Llama, SmolLM, "
+            "TinyLlama, ...; and qwen2: Qwen2, Qwen2.5). Fix: use such a GGUF or the model's "
+            "HF safetensors."
         )
 
     def get(key: str, default: Any = None) -> Any:
-        value = metadata.get(f"llama.{key}", default)
+        value = metadata.get(f"{arch}.{key}", default)
         if value is None:
-            raise UnsupportedModel(f"{path}: GGUF metadata lacks llama.{key}. Fix: re-convert it.")
+            raise UnsupportedModel(f"{path}: GGUF metadata lacks {arch}.{key}. Fix: re-convert "
+                                   "it.")
         return value
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
-    scaling = metadata.get("llama.rope.scaling.type", "none")
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
         raise UnsupportedModel(f"{path}: rope scaling {scaling!r} is not supported.")
     tokens = metadata.get("tokenizer.ggml.tokens") or []
-    return dict(
-        model_type="llama",
+    args = dict(
+        model_type=arch,
         hidden_size=hidden,
         num_hidden_layers=get("block_count"),
         intermediate_size=get("feed_forward_length"),
         num_attention_heads=heads,
         num_key_value_heads=get("attention.head_count_kv", heads),
-        head_dim=get("attention.key_length", hidden // heads),
         rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
         vocab_size=get("vocab_size", len(tokens)),
         max_position_embeddings=get("context_length"),
         rope_theta=get("rope.freq_base", 10000.0),
-        rope_traditional=False,  # we undo llama.cpp's q/k permutation, back to HF's layout
+        # llama: we undo llama.cpp's q/k permutation, back to HF's layout; qwen2 has none
+        rope_traditional=False,
         rope_scaling=({"type": "linear", "factor": get("rope.scaling.factor")}
                       if scaling == "linear" else None),
         tie_word_embeddings="output.weight" not in types,
     )
+    if arch == "llama":  # qwen2 derives head_dim from hidden / heads
+        args["head_dim"] = get("attention.key_length", hidden // heads)
+    return args
 
 
 def load_weights(path: Path, types: dict[str, int], args: dict[str, Any], dtype: mx.Dtype,
@@ -214,10 +228,11 @@ def load_weights(path: Path, types: dict[str, int], args: dict[str, Any], dtype:
         mlx_name = _mlx_name(name, path)
         module = mlx_name.removesuffix(".weight")
         parts = w if isinstance(w, tuple) else (w,)
-        # q/k rows (output features) back in HF order: packed rows, scales and biases alike.
-        if mlx_name.endswith("q_proj.weight"):
+        # llama's q/k rows (output features) back in HF order: packed rows, scales and biases
+        # alike (llama.cpp permutes only llama's).
+        if args["model_type"] == "llama" and mlx_name.endswith("q_proj.weight"):
             parts = tuple(unpermute(p, args["num_attention_heads"]) for p in parts)
-        elif mlx_name.endswith("k_proj.weight"):
+        elif args["model_type"] == "llama" and mlx_name.endswith("k_proj.weight"):
             parts = tuple(unpermute(p, args["num_key_value_heads"]) for p in parts)
         if len(parts) == 3:
             packed, scales, biases = parts
@@ -238,7 +253,7 @@ def _mlx_name(name: str, path: Path) -> str:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
-    raise UnsupportedModel(f"{path}: unexpected tensor {name!r} for a llama GGUF.")
+    raise UnsupportedModel(f"{path}: unexpected tensor {name!r} for a llama or qwen2 GGUF.")
 
 
 def unpermute(w: mx.array, n_head: int) -> mx.array:
@@ -386,7 +401,8 @@ def tokenizer_config(metadata: dict[str, Any]) -> dict[str, Any]:
         "add_bos_token": metadata.get("tokenizer.ggml.add_bos_token",
                                       metadata.get("tokenizer.ggml.model") == "llama"),
         "add_eos_token": metadata.get("tokenizer.ggml.add_eos_token", False),
-        "model_max_length": metadata.get("llama.context_length", 4096),
+        "model_max_length": metadata.get(
+            f"{metadata.get('general.architecture', 'llama')}.context_length", 4096),
         "clean_up_tokenization_spaces": False,
     }
     if "tokenizer.chat_template" in metadata:

@@ -118,10 +118,18 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
 
 def load_target(model_id: str, dtype: str | None = None, progress: Progress | None = None,
                 backend: str | None = None) -> tuple[nn.Module, Any, str]:
-    """-> (mlx-lm model, tokenizer wrapper, resolved id). SmolLM2's registry id loads the
-    offline GGUF; anything else goes through mlx-lm from a folder or the hub. `dtype` None:
+    """-> (mlx-lm model, tokenizer wrapper, resolved id). A `.gguf` file (llama or qwen2) and
+    SmolLM2's registry id load through engine/gguf.py; anything else goes through mlx-lm
+    from a folder or the hub. `dtype` None:
     the numerics policy of `checkpoint_precision` for `backend` (default: this machine's)."""
     as_stored = checkpoint_precision(dtype, backend)
+    local = Path(model_id).expanduser()
+    if local.suffix.lower() == ".gguf":
+        from .gguf import load_gguf_target
+
+        _say(progress, f"loading {local.name}")
+        model, tokenizer = load_gguf_target(local, dtype, as_stored)
+        return model, tokenizer, str(local)
     pair = find_pair(model_id)
     if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
         from .gguf import load_gguf_target

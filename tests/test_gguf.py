@@ -163,10 +163,115 @@ def test_dequantize_is_exact_fp32():
 
 
 def test_refuses_other_architectures(tmp_path):
-    path = tmp_path / "qwen.gguf"
-    write_tiny_gguf(path, T.Q8_0, arch="qwen2")
-    with pytest.raises(UnsupportedModel, match="qwen2.*only 'llama'"):
+    path = tmp_path / "gemma.gguf"
+    write_tiny_gguf(path, T.Q8_0, arch="gemma")
+    with pytest.raises(UnsupportedModel, match="'gemma' is not supported.*llama.*qwen2"):
         eg.load_gguf_target(path)
+
+
+# -- qwen2 (Qwen2 / Qwen2.5): attention biases, no q/k permutation, k-quants -----------------
+Q_HIDDEN, Q_HEADS, Q_KV, Q_FFN = 256, 4, 2, 512  # rows of 256: one k-quant super-block
+
+
+def random_blocks(rng: np.random.Generator, qtype: T, rows: int, cols: int) -> np.ndarray:
+    """Valid raw blocks of `qtype` ([rows, bytes]) with random contents and sane scales: the
+    gguf package cannot quantize to Q4_K / Q6_K, but it dequantizes them (the reference)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    if qtype == T.Q4_K:  # d, dmin (fp16) lead the block
+        raw[..., 0:4] = np.array([0.004, 0.002], np.float16).view(np.uint8)
+    elif qtype == T.Q6_K:  # d (fp16) ends it
+        raw[..., size - 2:] = np.array([0.0008], np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_tiny_qwen2_gguf(path: Path) -> dict[str, np.ndarray]:
+    """A qwen2 GGUF as llama.cpp writes Qwen2.5 (q/k/v biases, untied output) with Q4_K,
+    Q6_K, Q5_0 and F32 tensors; returns the reference weights under mlx-lm's names."""
+    rng = np.random.default_rng(1)
+    hd = Q_HIDDEN // Q_HEADS
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(Q_HIDDEN)
+    w.add_feed_forward_length(Q_FFN)
+    w.add_head_count(Q_HEADS)
+    w.add_head_count_kv(Q_KV)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(TOKENS)
+    w.add_token_types([3] * len(SPECIAL) + [1] * (len(TOKENS) - len(SPECIAL)))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE)
+    vocab = len(TOKENS)
+    tensors = {"token_embd": ((vocab, Q_HIDDEN), T.Q6_K), "output": ((vocab, Q_HIDDEN), T.Q6_K),
+               "output_norm": ((Q_HIDDEN,), T.F32)}
+    for i in range(LAYERS):
+        tensors |= {
+            f"blk.{i}.attn_q": ((Q_HEADS * hd, Q_HIDDEN), T.Q4_K),
+            f"blk.{i}.attn_k": ((Q_KV * hd, Q_HIDDEN), T.Q4_K),
+            f"blk.{i}.attn_v": ((Q_KV * hd, Q_HIDDEN), T.Q6_K),
+            f"blk.{i}.attn_output": ((Q_HIDDEN, Q_HEADS * hd), T.Q4_K),
+            f"blk.{i}.ffn_gate": ((Q_FFN, Q_HIDDEN), T.Q5_0),
+            f"blk.{i}.ffn_up": ((Q_FFN, Q_HIDDEN), T.Q4_K),
+            f"blk.{i}.ffn_down": ((Q_HIDDEN, Q_FFN), T.Q6_K),
+            f"blk.{i}.attn_norm": ((Q_HIDDEN,), T.F32), f"blk.{i}.ffn_norm": ((Q_HIDDEN,), T.F32),
+            f"blk.{i}.attn_q.bias": ((Q_HEADS * hd,), T.F32),
+            f"blk.{i}.attn_k.bias": ((Q_KV * hd,), T.F32),
+            f"blk.{i}.attn_v.bias": ((Q_KV * hd,), T.F32),
+        }
+    names = {f"blk.{i}.{k}": f"model.layers.{i}.{v}" for i in range(LAYERS)
+             for k, v in eg._LAYER_NAMES.items()} | eg._TOP_NAMES
+    ref = {}
+    for name, (shape, qtype) in tensors.items():
+        is_bias = name.endswith(".bias")
+        key = f"{names[name.removesuffix('.bias')]}.{'bias' if is_bias else 'weight'}"
+        if qtype == T.F32:
+            norm = len(shape) == 1 and not is_bias  # norms near 1
+            arr = (rng.standard_normal(shape) * 0.1 + norm).astype(np.float32)
+            w.add_tensor(name if is_bias else f"{name}.weight", arr)
+            ref[key] = arr
+            continue
+        if qtype == T.Q5_0:
+            raw = gguf_quantize(rng.standard_normal(shape).astype(np.float32) * 0.5, qtype)
+        else:
+            raw = random_blocks(rng, qtype, *shape)
+        w.add_tensor(f"{name}.weight", raw, raw_dtype=qtype)
+        ref[key] = gguf_dequantize(raw, qtype).reshape(shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return ref
+
+
+def test_tiny_qwen2_gguf_with_k_quants_matches_its_float_version(tmp_path):
+    from mlx_lm.models import qwen2
+
+    path = tmp_path / "tiny-qwen2.gguf"
+    ref = write_tiny_qwen2_gguf(path)
+    model, tokenizer = eg.load_gguf_target(path, dtype="float32")
+    assert model.args.model_type == "qwen2" and not model.args.tie_word_embeddings
+    assert model.args.rope_theta == 1e6
+    expected = qwen2.Model(qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=Q_HIDDEN, num_hidden_layers=LAYERS,
+        intermediate_size=Q_FFN, num_attention_heads=Q_HEADS, rms_norm_eps=1e-6,
+        vocab_size=len(TOKENS), num_key_value_heads=Q_KV, rope_theta=1e6,
+        tie_word_embeddings=False))
+    expected.load_weights([(k, mx.array(v)) for k, v in ref.items()], strict=True)
+    tokens = mx.array([[1, 10, 20, 30, 4, 5, 6, 2]])
+    want, got = expected(tokens), model(tokens)
+    assert got.dtype == mx.float32
+    assert mx.abs(got - want).max().item() < 1e-4 * max(1.0, mx.abs(want).max().item())
+    # the k-quants went through the gguf package, the biases arrived: logits are not trivial
+    assert mx.abs(want).max().item() > 1e-2
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
+                                         add_generation_prompt=True)
 
 
 def test_missing_or_corrupt_file(tmp_path):
