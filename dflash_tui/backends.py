@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from dflash_tui.firstrun import fetch_offline_model, is_offline_default
+from dflash_tui.firstrun import fetch_offline_model, offline_key
 from engine.errors import DFlashError  # no MLX: errors is plain Python
 
 Progress = Callable[[str, "float | None"], None]
@@ -63,9 +63,10 @@ class RealBackend:
     def load(
         self, model: str | None, draft: str | None, block_size: int, progress: Progress
     ) -> dict:
-        if is_offline_default(model):
-            # First run: fetch the model in a child process so pip never draws on the screen.
-            fetch_offline_model(progress)
+        key = offline_key(model)
+        if key is not None:
+            # First use: fetch the target in a child process so pip never draws on the screen.
+            fetch_offline_model(progress, key=key)
         from engine import DFlashConfig, DFlashRuntime  # imports MLX: worker thread only
 
         more = {} if self.max_ctx is None else {"max_ctx": self.max_ctx}

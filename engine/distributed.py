@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -27,9 +26,11 @@ from .loading import (
     check_target_folder,
     checkpoint_precision,
     dequantize_floats,
+    load_target,
+    offline_weights,
     resolve_local,
 )
-from .registry import DEFAULT_TARGET, find_pair
+from .registry import DEFAULT_TARGET
 
 BACKENDS = ("any", "ring", "jaccl", "mpi", "nccl")
 
@@ -156,11 +157,8 @@ def load_sharded_target(model_id: str, dtype: str | None, group: mx.distributed.
     """load_target, sharded: -> (this rank's part of the model, tokenizer, resolved id).
     A folder loads as mlx-lm's sharded_load does (lazy weights, shard(), then only this
     rank's slices are evaluated), with the engine's numerics policy applied before the
-    split; the bundled GGUF is small and is loaded whole, then sharded."""
-    pair = find_pair(model_id)
-    if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
-        from .loading import load_target
-
+    split; an offline GGUF target is loaded whole, then sharded."""
+    if offline_weights(model_id) is not None:
         model, tokenizer, resolved = load_target(model_id, dtype, progress)
         check_shardable(model, group.size())
         model.shard(group)

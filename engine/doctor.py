@@ -151,14 +151,31 @@ def gpu_attention() -> str:
 
 
 def offline_pair() -> dict[str, Any]:
-    from .offline import GGUF_SHA256, GGUF_SIZE, WHEEL_SPEC, gguf_cache_path
+    from .offline import SMOLLM2
     from .registry import default_pair
 
-    gguf, draft = gguf_cache_path(), default_pair().draft_path
+    draft = default_pair().draft_path
+    return {**offline_state(SMOLLM2), "draft": str(draft),
+            "draft_present": bool(draft and draft.is_dir())}
+
+
+def offline_state(model: Any) -> dict[str, Any]:
+    """Where an engine.offline model's GGUF is cached, and whether it is there and intact
+    (its sha256 read)."""
+    from .offline import gguf_cache_path
+
+    gguf = gguf_cache_path(model)
     present = gguf.is_file()
-    return {"target": str(gguf), "present": present, "source": WHEEL_SPEC,
-            "intact": present and intact(gguf, GGUF_SIZE, GGUF_SHA256, full=True),
-            "draft": str(draft), "draft_present": bool(draft and draft.is_dir())}
+    return {"target": str(gguf), "present": present, "source": " ".join(model.specs[:1]),
+            "intact": present and intact(gguf, model.gguf_size, model.gguf_sha256, full=True)}
+
+
+def other_offline_models() -> dict[str, dict[str, Any]]:
+    """The offline targets besides the default pair's, as offline_state says (not an error
+    when absent: they are fetched on first use)."""
+    from .offline import MODELS, SMOLLM2
+
+    return {key: offline_state(m) for key, m in MODELS.items() if m is not SMOLLM2}
 
 
 def self_check(say: Say, max_tokens: int = SELF_CHECK_TOKENS, model: str | None = None,
@@ -241,6 +258,11 @@ def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> di
     elif not pair["intact"]:
         problems.append(f"{pair['target']} is damaged. Fix: run `dflash generate --prompt hi`, "
                         "which fetches it again")
+    report["offline_models"] = other_offline_models()
+    for key, state in report["offline_models"].items():
+        if state["present"] and not state["intact"]:
+            problems.append(f"{state['target']} is damaged. Fix: run `dflash generate --model "
+                            f"{key} --prompt hi`, which fetches it again")
     if not run_self_check:
         report["self_check"] = {"passed": None, "skipped": "--no-self-check"}
     elif not (pair["intact"] and pair["draft_present"]):
@@ -285,6 +307,9 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"offline pair {p['target']}: "
                  + ("intact" if p["intact"] else "damaged" if p["present"] else "not downloaded")
                  + f"; draft {'present' if p['draft_present'] else 'MISSING'}")
+    for key, m in report.get("offline_models", {}).items():
+        lines.append(f"offline      {key}: " + ("intact" if m["intact"] else "damaged"
+                     if m["present"] else "not downloaded (fetched on first use)"))
     if "tokens_per_cycle" in s:
         lines.append(f"self-check   {'passed' if s['passed'] else 'FAILED'}: speculative == "
                      f"plain greedy on {len(s['prompts'])} prompts "

@@ -5,9 +5,10 @@ quantized matmuls are far slower than plain fp32 ones with a fast BLAS. At check
 (`quantized=True`, GPUs and Metal): Q4_0/Q4_1/Q8_0 tensors stay as MLX affine 4/8-bit layers at
 group size 32 (`mx.load` reads them into exactly that layout: Q4_1 is MLX's affine format, and
 Q4_0/Q8_0 are affine with a bias of -8 / -128 scales), so the same weights run at a quarter of
-the memory traffic. F32/F16/Q4_0/Q4_1/Q8_0 tensors load through `mx.load` (fast); any other
-type (Q4_K, Q6_K, ...) goes through the `gguf` package's reference dequantizers, since MLX
-mis-reads or refuses those (such a file always loads dequantized).
+the memory traffic. F32/F16/Q4_0/Q4_1/Q8_0 tensors load through `mx.load` (fast). MLX mis-reads
+or refuses the other types (Q4_K, Q6_K, Q5_0, ...): such a file is converted once, through the
+`gguf` package's dequantizers, into an mlx-lm folder in the cache (engine/gguf_folder.py), and
+always loads dequantized.
 
 The tokenizer is rebuilt from the GGUF metadata with transformers' GGUF converter (no torch) and
 written once as a tokenizer folder next to the GGUF, which mlx-lm then loads like any other.
@@ -21,12 +22,14 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_map, tree_unflatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .errors import ModelNotAvailable, UnsupportedModel
@@ -36,6 +39,7 @@ F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
 MLX_TYPES = {F32, F16, Q4_0, Q4_1, Q8_0}
 GROUP = 32  # block size of Q4_0/Q4_1/Q8_0
 TOKENIZER_VERSION = 2  # bump to rebuild cached tokenizer folders
+Progress = Callable[[str, "float | None"], None]
 
 # GGUF metadata value types -> struct format (8 = string, 9 = array are handled apart).
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
@@ -53,18 +57,21 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 
 
-def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = False
-                     ) -> tuple[nn.Module, TokenizerWrapper]:
+def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = False,
+                     progress: Progress | None = None) -> tuple[nn.Module, TokenizerWrapper]:
     """An mlx-lm llama `Model` and its tokenizer.
 
     `quantized=False`: every weight dequantized to `dtype` (None: float32, fast on CPU with
     BLAS). `quantized=True`: Q4_0/Q4_1/Q8_0 weights kept as MLX affine quantized layers, the
     float tensors (scales, biases, norms) in `dtype` (None: float16, the dtype the GGUF stores
     its scales in, so the weights are exactly the file's); that dtype is the activations'.
+    A GGUF with other types (k-quants) loads through its converted folder (`_load_converted`).
     """
     path = Path(path).expanduser()
     metadata, types = read_header(path)
     args = model_args(metadata, types, path)
+    if not all(t in MLX_TYPES for t in types.values()):
+        return _load_converted(path, metadata, args, dtype, quantized, progress)
     keep = quantized and all(t in MLX_TYPES for t in types.values())
     target = getattr(mx, dtype) if dtype else (mx.float16 if keep else default_dtype())
     weights, bits = load_weights(path, types, args, target, keep)
@@ -76,6 +83,64 @@ def load_gguf_target(path: Path, dtype: str | None = None, quantized: bool = Fal
     model.eval()
     mx.eval(model.parameters())
     return model, load_tokenizer(path, metadata)
+
+
+def _load_converted(path: Path, metadata: dict[str, Any], args: dict[str, Any],
+                    dtype: str | None, quantized: bool, progress: Progress | None
+                    ) -> tuple[nn.Module, TokenizerWrapper]:
+    """A k-quant GGUF through the mlx-lm folder converted once (engine/gguf_folder.py), every
+    weight dequantized: to `dtype`, else float32 on the CPU and bfloat16 where the caller asks
+    for checkpoint precision (GPUs: MLX has no k-quant kernels, and there a dense 16-token
+    verify costs less against a 1-token step than a 4-bit one)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer_folder
+    from mlx_lm.utils import load_model
+
+    from .gguf_folder import converted_folder
+
+    def write_tokenizer(folder: Path) -> None:
+        build_backend_tokenizer(metadata).save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata)))
+
+    try:
+        folder = converted_folder(path, args, lambda name: _mlx_name(name, path),
+                                  write_tokenizer, progress)
+        model, _ = load_model(folder, lazy=True)
+    except (ValueError, RuntimeError, KeyError, IndexError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotAvailable(
+            f"{path}: damaged GGUF ({detail}). Fix: download it again; a partial or corrupt "
+            "copy looks like this."
+        ) from exc
+    target = getattr(mx, dtype) if dtype else (mx.bfloat16 if quantized else default_dtype())
+    dense_layers(model, target)
+    model.update(tree_map(lambda p: p.astype(target) if mx.issubdtype(p.dtype, mx.floating)
+                          else p, model.parameters()))
+    model.eval()
+    mx.eval(model.parameters())
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
+    return model, load_tokenizer_folder(folder, eos_token_ids=[eos] if eos is not None else None)
+
+
+def dense_layers(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Every affine group-32 quantized layer of `model` as a plain one in `dtype`, one at a
+    time (never all weights twice in memory), with `dequantize` (exact, and faster on CPU
+    than mx.dequantize)."""
+    dense = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            continue
+        weight = dequantize(module.weight, module.scales, module.biases).astype(dtype)
+        mx.eval(weight)
+        if isinstance(module, nn.QuantizedEmbedding):
+            layer = nn.Embedding(*weight.shape)
+        else:
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+            if "bias" in module:
+                layer.bias = module.bias
+        layer.weight = weight
+        dense.append((name, layer))
+    if dense:
+        model.update_modules(tree_unflatten(dense))
 
 
 def build_model(args: dict[str, Any]) -> nn.Module:
@@ -211,9 +276,8 @@ def load_weights(path: Path, types: dict[str, int], args: dict[str, Any], dtype:
     """-> (mlx-lm parameter name -> weight, q/k rows back in HF order; module path -> bits of
     the layers kept quantized). `quantized`: Q4_0/Q4_1/Q8_0 tensors stay packed, with their
     scales and biases in `dtype`; otherwise every weight is dequantized to `dtype`."""
-    unknown = sorted({t for t in types.values() if t not in MLX_TYPES})
     try:
-        raw = _load_with_gguf(path, types) if unknown else _load_with_mlx(path, types, quantized)
+        raw = _load_with_mlx(path, types, quantized)
     except (ValueError, RuntimeError, OSError, KeyError, IndexError) as exc:
         # A truncated or damaged file: mx.load says e.g. "Tensor ... extends past the end".
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -290,25 +354,6 @@ def dequantize(packed: mx.array, scales: mx.array, biases: mx.array) -> mx.array
     q = q.reshape(*scales.shape, GROUP).astype(mx.float32)
     w = q * scales[..., None].astype(mx.float32) + biases[..., None].astype(mx.float32)
     return w.reshape(*scales.shape[:-1], -1)
-
-
-def _load_with_gguf(path: Path, types: dict[str, int]) -> dict[str, mx.array]:
-    """Reference (numpy) dequantization for types MLX cannot read; slower but exact."""
-    import gguf
-    from gguf.quants import dequantize as gguf_dequantize
-
-    reader = gguf.GGUFReader(path)
-    out = {}
-    for tensor in reader.tensors:
-        try:
-            w = gguf_dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise UnsupportedModel(
-                f"{path}: tensor {tensor.name} has type {tensor.tensor_type.name}, which cannot "
-                "be dequantized. Fix: use a Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16 GGUF."
-            ) from exc
-        out[tensor.name] = mx.array(np.ascontiguousarray(w, dtype=np.float32))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

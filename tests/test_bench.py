@@ -262,3 +262,53 @@ def test_blas_report_names_an_mkl_or_openblas_library_mapped_into_the_process(mo
     monkeypatch.setattr(environment, "Path", FakePath)
     assert environment.blas_info()["blas_libraries_loaded"] == [
         "/c/libdflash_openblas-1.so", "/x/libmkl_avx512.so.3", "/x/libmkl_rt.so.3"]
+
+
+def test_ar_draft_row_times_mlx_lm_speculative_beside_dflash(tiny_pairs, tmp_path):
+    from tiny_pairs import make_tiny_target
+
+    target, draft = tiny_pairs("llama")
+    ar = make_tiny_target(tmp_path / "ar", "llama", seed=1)  # another model, same tokenizer
+    out = tmp_path / "report.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                         "--max-tokens", "12", "--no-eos", "--ar-draft", str(ar),
+                         "--num-draft-tokens", "2,3", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["ar_draft"]["num_draft_tokens"] == [2, 3]
+    assert report["ar_draft"]["dtype"] == report["dtype"] == "float32"
+    run = report["runs"][0]
+    assert set(run["ar_draft"]) == {"2", "3"}
+    for row in run["ar_draft"].values():
+        # float32 greedy: mlx-lm's speculative decoding commits plain greedy's tokens too
+        assert row["token_match"] is True and row["generated_tokens"] == 12
+        assert 0 <= row["from_draft_share"] <= 1 and row["speedup"] > 0
+    s = report["summary"]
+    assert s["ar_draft_best_k"] in (2, 3)
+    assert set(s["ar_draft_speedup_median_by_k"]) == {"2", "3"}
+    best = run["ar_draft"][str(s["ar_draft_best_k"])]
+    assert s["speedup_over_ar_draft_median"] == pytest.approx(
+        run["dflash"]["tokens_per_second"] / best["tokens_per_second"])
+
+
+def test_ar_draft_errors_are_one_line(tiny_pairs, tmp_path, capsys):
+    from tiny_pairs import make_tiny_target
+
+    target, draft = tiny_pairs("llama")
+    pair = ["--model", str(target), "--draft", str(draft), "--prompt", "Hi", "--max-tokens", "4"]
+
+    def said() -> str:  # the terminal wraps the line: compare its words
+        return " ".join(capsys.readouterr().err.split())
+
+    assert benchmark_main([*pair, "--num-draft-tokens", "3"]) == 2
+    assert "give --ar-draft MODEL too" in said()
+    assert benchmark_main([*pair, "--ar-draft", str(target), "--num-draft-tokens", "0"]) == 2
+    assert "give K from 1 to 32" in said()
+    other = make_tiny_target(tmp_path / "other", "llama", seed=2)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    word = next(w for w in vocab if len(w) > 2)
+    vocab[word + "x"] = vocab.pop(word)  # one token id now means other text
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    assert benchmark_main([*pair, "--ar-draft", str(other)]) == 2
+    assert "its tokenizer differs from the target's" in said()

@@ -104,9 +104,9 @@ def test_serve_with_a_missing_model_exits_with_one_line(tmp_path, caplog):
 
 # -- the three seed forms on the offline default pair, through the entry points -------------
 def smollm2_or_skip() -> None:
-    from engine.offline import GGUF_NAME, cache_root
+    from engine.offline import SMOLLM2, cache_root
 
-    if not (cache_root() / "smollm2" / GGUF_NAME).is_file():
+    if not (cache_root() / "smollm2" / SMOLLM2.gguf_name).is_file():
         pytest.skip("the offline SmolLM2 pair is not cached")
 
 

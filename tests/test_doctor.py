@@ -26,10 +26,10 @@ def run_doctor(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
 
 
 def cached_gguf_or_skip() -> Path:
-    from engine.offline import GGUF_SIZE, gguf_cache_path
+    from engine.offline import SMOLLM2, gguf_cache_path
 
     gguf = gguf_cache_path()
-    if not gguf.is_file() or gguf.stat().st_size != GGUF_SIZE:
+    if not gguf.is_file() or gguf.stat().st_size != SMOLLM2.gguf_size:
         pytest.skip("the offline SmolLM2 GGUF is not cached")
     return gguf
 
@@ -81,9 +81,9 @@ def test_healthy_machine_exits_zero(tmp_path):
 def test_damaged_pair_is_named(tmp_path):
     folder = tmp_path / "cache" / "smollm2"
     folder.mkdir(parents=True)
-    from engine.offline import GGUF_NAME
+    from engine.offline import SMOLLM2
 
-    (folder / GGUF_NAME).write_bytes(b"GGUF" + b"\0" * 100)
+    (folder / SMOLLM2.gguf_name).write_bytes(b"GGUF" + b"\0" * 100)
     code, out, _ = run_doctor(tmp_path, "--no-self-check")
     assert code == 1
     assert "is damaged. Fix: run `dflash generate --prompt hi`, which fetches it again" in out

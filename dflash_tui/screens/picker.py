@@ -10,7 +10,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, Static
 
-from dflash_tui.downloads import OFFLINE_HELP, PairRow, download_pair, registry_rows
+from dflash_tui.downloads import (
+    OFFLINE_HELP,
+    PairRow,
+    download_pair,
+    human_size,
+    registry_rows,
+)
 from dflash_tui.messages import LoadPair
 from dflash_tui.widgets.ids import fit_id
 
@@ -49,6 +55,13 @@ def column_widths(total: int, rows: list[PairRow]) -> dict[str, int]:
     widths = {"Target": target, "Draft": max(MIN_ID, room - target), "Family": FAMILY_WIDTH,
               "State": STATE_WIDTH, "Note": note}
     return {name: widths[name] for name in names}
+
+
+def state_cell(row: PairRow) -> Text:
+    """The State column: a pair fetched from PyPI shows its download size instead."""
+    if row.status == "downloadable" and row.size:
+        return Text.from_markup(f"[yellow]{human_size(row.size)}[/]")
+    return Text.from_markup(STATUS_STYLE.get(row.status, row.status))
 
 
 class PickerScreen(ModalScreen[None]):
@@ -131,7 +144,7 @@ class PickerScreen(ModalScreen[None]):
                 "Target": Text(fit_id(r.target, self._widths["Target"])),
                 "Draft": Text(fit_id(r.draft or "—", self._widths["Draft"])),
                 "Family": r.family,
-                "State": Text.from_markup(STATUS_STYLE.get(r.status, r.status)),
+                "State": state_cell(r),
                 "Note": Text(r.note, overflow="fold"),
             }
             table.add_row(*(cells[name] for name in self._widths), key=str(i), height=None)
@@ -152,6 +165,9 @@ class PickerScreen(ModalScreen[None]):
             if row.note:
                 text.append("\nnote   ", style="dim")
                 text.append(row.note)
+            if row.size and row.status == "downloadable":
+                text.append("\nfirst  ", style="dim")
+                text.append(f"downloads {human_size(row.size)} from PyPI, once")
         self.query_one("#detail", Static).update(text)
 
     def _message(self, text: str) -> None:

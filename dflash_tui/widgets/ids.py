@@ -16,12 +16,15 @@ def middle_ellipsis(text: str, width: int) -> str:
 
 def fit_id(model_id: str, width: int) -> str:
     """A Hub id or path in `width` cells: whole if it fits, else "…/name" without the org (the
-    name is what tells models apart), else the name with an ellipsis in the middle."""
+    name is what tells models apart), else the name with an ellipsis in the middle; a cut is
+    always shown (a name that just fits, its org gone, loses its first letter to "…")."""
     if len(model_id) <= width:
         return model_id
     org, _, name = model_id.rstrip("/").rpartition("/")
     if org and len(name) + 2 <= width:
         return "…/" + name
+    if org and len(name) <= width:
+        return "…" + name[len(name) - width + 1:]
     return middle_ellipsis(name or model_id, width)
 
 

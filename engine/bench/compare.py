@@ -4,6 +4,9 @@ Both sides get the same chat-templated token ids and run in one process. Greedy 
 default): every DFlash output must equal the baseline's token for token in float32; with
 bf16/fp16 activations a divergence must be a near-tie (the baseline's top-1 minus top-2
 logit gap there below 0.25, reported per run); anything else is a correctness bug (exit 1).
+`--ar-draft MODEL` adds mlx-lm's own speculative decoding with that autoregressive draft, at
+each `--num-draft-tokens` K (default 2..6), on the same loaded target and prompt ids: what an
+MLX user would run instead; the summary names its best K and DFlash's speed-up over it.
 `--oracle-tokens-per-cycle K` replaces the draft's proposals by the target's own
 continuation, wrong at a drawn place so that a cycle commits K tokens on average (oracle.py):
 the cost of the cycle, independent of the draft's quality. With --temperature > 0 both
@@ -30,6 +33,7 @@ from typing import Any
 
 from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from ..errors import DFlashError
+from .ar_draft import DEFAULT_KS, ArDraft, load_ar_draft, parse_ks
 from .environment import environment
 from .metrics import (
     DEFINITIONS,
@@ -73,6 +77,8 @@ class Options:
     sampling: dict[str, Any] = field(default_factory=dict)  # generate() keywords; {}: greedy
     oracle: float | None = None  # an oracle proposer at this mean tokens/cycle; None: draft
     oracle_seed: int = 0
+    ar_draft: Any = None  # an autoregressive draft model for mlx-lm's speculative row
+    ar_ks: tuple[int, ...] = ()  # its num_draft_tokens values, one row each
 
     @property
     def greedy(self) -> bool:
@@ -80,9 +86,10 @@ class Options:
 
 
 # -- timed generations --------------------------------------------------------------------
-def baseline(rt: Any, ids: list[int], opts: Options) -> Side:
+def baseline(rt: Any, ids: list[int], opts: Options, k: int | None = None) -> Side:
     """The mlx-lm side on the runtime's own model (stream_generate, or generate_step with
-    --no-eos: stream_generate always stops at EOS), sampling like DFlash when asked."""
+    --no-eos: stream_generate always stops at EOS), sampling like DFlash when asked; with
+    `k`, mlx-lm's speculative decoding with opts.ar_draft proposing k tokens a step."""
     sampler = None
     if not opts.greedy:
         import mlx.core as mx
@@ -92,8 +99,9 @@ def baseline(rt: Any, ids: list[int], opts: Options) -> Side:
         sampler = make_sampler(s["temperature"], top_p=s["top_p"] if s["top_p"] < 1 else 0.0,
                                min_p=s["min_p"], top_k=s["top_k"])
         mx.random.seed(s["seed"] or 0)  # mlx-lm draws from MLX's global generator
+    spec = {} if k is None else {"draft_model": opts.ar_draft, "num_draft_tokens": k}
     return run_baseline(rt.model, ids, opts.max_tokens, rt.config.prefill_chunk,
-                        None if opts.no_eos else rt.tokenizer, sampler)
+                        None if opts.no_eos else rt.tokenizer, sampler, **spec)
 
 
 @contextmanager
@@ -169,6 +177,7 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
     ids = encode(rt, prompt)
     bases: list[Side] = []
     flashes: list[Side] = []
+    ar: dict[int, list[Side]] = {k: [] for k in opts.ar_ks}
     results = []
     reference, rounds = None, None
     for _ in range(repeat):
@@ -182,6 +191,9 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
         side, result = run_dflash(rt, ids, opts, reference)
         flashes.append(side)
         results.append(result)
+        for k, sides in ar.items():
+            pause()
+            sides.append(baseline(rt, ids, opts, k))
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
     base, flash = median_side(bases), median_side(flashes)
     flash.update(cycle_json(results))
@@ -209,7 +221,24 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
         "repeats": [{"baseline_tokens_per_second": b.tokens_per_second,
                      "dflash_tokens_per_second": f.tokens_per_second}
                     for b, f in zip(bases, flashes)],
+        **({"ar_draft": {str(k): ar_row(rt, ids, bases, sides, opts) for k, sides in ar.items()}}
+           if ar else {}),
     }
+
+
+def ar_row(rt: Any, ids: list[int], bases: list[Side], sides: list[Side],
+           opts: Options) -> dict:
+    """mlx-lm's speculative decoding at one K on a prompt: timings against plain mlx-lm, the
+    share of tokens its draft proposed, and (greedy) where its tokens leave plain greedy's."""
+    row = median_side(sides)
+    row["speedup"] = (row["tokens_per_second"] / statistics.median(
+        b.tokens_per_second for b in bases)) if bases[0].tokens_per_second else None
+    row["from_draft_share"] = sides[0].from_draft / max(len(sides[0].tokens), 1)
+    mismatch = first_mismatch(bases[0].tokens, sides[0].tokens) if opts.greedy else None
+    row["token_match"] = None if not opts.greedy else mismatch is None
+    row["divergence"] = (divergence(rt.model, ids, bases[0].tokens, sides[0].tokens,
+                                    rt.config.prefill_chunk) if mismatch is not None else None)
+    return row
 
 
 def cycle_cost_steps(base: dict, flash: dict) -> float | None:
@@ -230,6 +259,28 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def _median(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else None
+
+
+def summarize_ar(runs: list[dict]) -> dict:
+    """The speculative rows over the suite: each K's median speed-up over plain mlx-lm, the
+    best K (highest median tok/s) and DFlash's median speed-up over mlx-lm at that K."""
+    ks = list(runs[0]["ar_draft"])
+    tps = {k: _median([r["ar_draft"][k]["tokens_per_second"] for r in runs]) for k in ks}
+    best = max(ks, key=lambda k: tps[k] or 0.0)
+    return {
+        "ar_draft_tokens_per_second_median_by_k": tps,
+        "ar_draft_speedup_median_by_k": {k: _median([r["ar_draft"][k]["speedup"] for r in runs])
+                                         for k in ks},
+        "ar_draft_from_draft_share_mean_by_k": {
+            k: _mean([r["ar_draft"][k]["from_draft_share"] for r in runs]) for k in ks},
+        "ar_draft_token_match_by_k": {
+            k: (None if any(r["ar_draft"][k]["token_match"] is None for r in runs)
+                else all(r["ar_draft"][k]["token_match"] for r in runs)) for k in ks},
+        "ar_draft_best_k": int(best),
+        "speedup_over_ar_draft_median": _median([
+            r["dflash"]["tokens_per_second"] / r["ar_draft"][best]["tokens_per_second"]
+            for r in runs if r["ar_draft"][best]["tokens_per_second"]]),
+    }
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -261,6 +312,7 @@ def summarize(runs: list[dict]) -> dict:
         "divergences": len(diverged),
         "near_tie_gap_max": max(gaps) if gaps else None,
         "divergences_all_near_ties": all(r["near_tie"] for r in diverged) if diverged else None,
+        **(summarize_ar(runs) if runs and "ar_draft" in runs[0] else {}),
     }
 
 
@@ -268,9 +320,11 @@ def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
     """One untimed generation per side so compilation and allocation are not timed."""
     ids = encode(rt, prompt)
     untimed = Options(min(WARMUP_TOKENS, opts.max_tokens), opts.no_eos, opts.profile,
-                      opts.sampling)
+                      opts.sampling, ar_draft=opts.ar_draft)
     baseline(rt, ids, untimed)
     run_dflash(rt, ids, untimed)
+    for k in opts.ar_ks:
+        baseline(rt, ids, untimed, k)
 
 
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,
@@ -278,12 +332,15 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                   warmup: bool = True, prompt_format: str = PROMPT_FORMATS["text"],
                   progress: Callable[[int, int, BenchPrompt], None] | None = None,
                   profile: bool = False, sampling: dict[str, Any] | None = None,
-                  oracle: float | None = None, oracle_seed: int = 0) -> dict:
+                  oracle: float | None = None, oracle_seed: int = 0,
+                  ar_draft: ArDraft | None = None) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
     `sampling`: generate() keywords (temperature, top_p, top_k, min_p, seed); None: greedy.
     `oracle`: propose the target's own continuation at this mean tokens/cycle (greedy only).
+    `ar_draft`: also time mlx-lm's speculative decoding with it at each of its Ks.
     Returns the report dict that --json writes (without the command line)."""
-    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed)
+    opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed,
+                   ar_draft.model if ar_draft else None, ar_draft.ks if ar_draft else ())
     if oracle is not None and not opts.greedy:
         raise BenchError("--oracle-tokens-per-cycle needs greedy decoding: drop --temperature.")
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
@@ -325,6 +382,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      else None},
         "baseline_function": baseline_function(no_eos)
         + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
+        "ar_draft": ar_draft.describe() if ar_draft else None,
         "prompt_format": prompt_format,
         "definitions": definitions(),
         "runs": runs,
@@ -368,6 +426,12 @@ def definitions() -> dict:
         "verify_lengths": "settings.verify_lengths[n]: the tokens verified when the verify cut "
                           "keeps n (the cheapest forward length at or above n, measured on "
                           "this machine: engine/verify_lengths.py); null: exactly n",
+        "ar_draft": "mlx-lm's own speculative decoding with the autoregressive draft named in "
+                    "the report's ar_draft, per K (num_draft_tokens): its timings, speedup over "
+                    "the plain baseline, from_draft_share (tokens its draft proposed and the "
+                    "target kept / generated tokens) and token_match with plain greedy; "
+                    "summary.ar_draft_best_k: the K with the highest median tok/s, "
+                    "speedup_over_ar_draft_median: median of DFlash tok/s / that K's",
         "draft_vocab": "settings.draft_vocab: the draft proposes from the top N tokens of its "
                        "token_ranking.json plus each prompt's own tokens (--draft-vocab); null: "
                        "from the full vocabulary",
@@ -426,6 +490,12 @@ def print_report(report: dict, console: Any = None) -> None:
     if s.get("cycle_cost_steps_median"):
         console.print(f"a cycle cost {s['cycle_cost_steps_median']:.2f} plain decoding steps "
                       "(median): the decode speed-up is tokens/cycle over that.")
+    if report.get("ar_draft"):
+        a = report["ar_draft"]
+        by_k = ", ".join(f"K={k} {v:.2f}x" for k, v in s["ar_draft_speedup_median_by_k"].items())
+        console.print(f"mlx-lm speculative with {Path(a['model']).name} over plain mlx-lm "
+                      f"(median): {by_k}; best K={s['ar_draft_best_k']}. DFlash over it: "
+                      f"{_fmt(s['speedup_over_ar_draft_median'], '.2f')}x (median).")
     if s.get("lookup_cycle_share"):
         console.print(f"suffix lookup proposed {s['lookup_cycle_share']:.0%} of the cycles "
                       "(a repeat of earlier tokens), the draft the rest.")
@@ -481,6 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "baseline run), wrong at a drawn place so a cycle commits K tokens on "
                         "average (1..block size); the draft forward still runs")
     p.add_argument("--oracle-seed", type=int, default=0, help="the oracle's draws")
+    p.add_argument("--ar-draft", metavar="MODEL",
+                   help="also time mlx-lm's own speculative decoding with this autoregressive "
+                        "draft (same tokenizer as the target; a folder, hub id, .gguf or an "
+                        "offline model such as qwen2.5-coder-0.5b)")
+    p.add_argument("--num-draft-tokens", metavar="K", default=None,
+                   help="--ar-draft's tokens per step: one K, a list (2,4) or a range "
+                        f"(default {DEFAULT_KS[0]}-{DEFAULT_KS[-1]}: each reported, and the best)")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -502,6 +579,10 @@ def check_args(args: argparse.Namespace) -> None:
                          f"({args.block_size or 16}).")
     if k is not None and args.temperature:
         raise BenchError("--oracle-tokens-per-cycle needs greedy decoding: drop --temperature.")
+    if args.num_draft_tokens is not None and not args.ar_draft:
+        raise BenchError("--num-draft-tokens sets --ar-draft's K: give --ar-draft MODEL too.")
+    if args.num_draft_tokens is not None:
+        parse_ks(args.num_draft_tokens)
     from ..sampling import SamplingParams
 
     SamplingParams(**sampling_from_args(args))  # a bad sampling flag: ConfigError
@@ -532,6 +613,9 @@ def benchmark_main(argv: list[str] | None = None) -> int:
             raise BenchError(str(exc)) from exc
         with err.status("loading models"):
             rt = DFlashRuntime.from_pretrained(args.model, args.draft, config)
+            ar = (load_ar_draft(args.ar_draft, rt, parse_ks(args.num_draft_tokens)
+                                if args.num_draft_tokens else DEFAULT_KS)
+                  if args.ar_draft else None)
 
         def progress(i: int, n: int, prompt: BenchPrompt) -> None:
             err.print(f"[dim]prompt {i + 1}/{n}: {prompt.id}[/dim]")
@@ -539,7 +623,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
                                args.no_eos, not args.no_warmup, fmt, progress, args.profile,
                                sampling_from_args(args), args.oracle_tokens_per_cycle,
-                               args.oracle_seed)
+                               args.oracle_seed, ar)
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2

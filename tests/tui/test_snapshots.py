@@ -50,11 +50,13 @@ async def settle(pilot, text: str | None = "What is speculative decoding?") -> N
 
 @pytest.fixture
 def registry_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The picker's states without this machine's hub cache: only the bundled pair is there."""
-    from engine import registry
+    """The picker's states without this machine's caches: the default pair's weights are
+    there, no hub checkpoint is, and the Qwen2.5-Coder target is still to download."""
+    from engine import offline, registry
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(registry, "_hub_cached", lambda repo_id: False)
+    monkeypatch.setattr(offline, "is_cached", lambda model: model is offline.SMOLLM2)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (140, 40)], ids=["80x24", "140x40"])
