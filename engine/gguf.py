@@ -101,8 +101,14 @@ def _load_converted(path: Path, metadata: dict[str, Any], args: dict[str, Any],
         build_backend_tokenizer(metadata).save(str(folder / "tokenizer.json"))
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata)))
 
+    def fix_rows(name: str, rows: np.ndarray) -> np.ndarray:  # llama.cpp permutes llama's
+        if args["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = args["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            return unpermute(rows, heads)
+        return rows
+
     try:
-        folder = converted_folder(path, args, lambda name: _mlx_name(name, path),
+        folder = converted_folder(path, args, lambda name: _mlx_name(name, path), fix_rows,
                                   write_tokenizer, progress)
         model, _ = load_model(folder, lazy=True)
     except (ValueError, RuntimeError, KeyError, IndexError) as exc:
@@ -320,8 +326,9 @@ def _mlx_name(name: str, path: Path) -> str:
     raise UnsupportedModel(f"{path}: unexpected tensor {name!r} for a llama or qwen2 GGUF.")
 
 
-def unpermute(w: mx.array, n_head: int) -> mx.array:
-    """Invert convert_hf_to_gguf's `permute` of q/k rows (interleaved -> half-split rope)."""
+def unpermute(w: Any, n_head: int) -> Any:
+    """Invert convert_hf_to_gguf's `permute` of q/k rows (interleaved -> half-split rope), of
+    an mx or numpy array."""
     rest = w.shape[1:]
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 

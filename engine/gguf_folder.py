@@ -51,11 +51,12 @@ def is_current(folder: Path, path: Path) -> bool:
 
 
 def converted_folder(path: Path, args: dict[str, Any], name_of: Callable[[str], str],
+                     fix_rows: Callable[[str, np.ndarray], np.ndarray],
                      write_tokenizer: Callable[[Path], None],
                      progress: Progress | None = None) -> Path:
     """The mlx-lm folder made from `path` (converted now if missing, stale or damaged): `args`
-    its config, `name_of` a GGUF tensor name's mlx-lm name, `write_tokenizer(folder)` writes
-    the tokenizer files."""
+    its config, `name_of` a GGUF tensor name's mlx-lm name, `fix_rows(name, array)` reorders
+    a tensor's rows (llama's q/k), `write_tokenizer(folder)` writes the tokenizer files."""
     folder = folder_for(path)
     if is_current(folder, path):
         return folder
@@ -63,7 +64,7 @@ def converted_folder(path: Path, args: dict[str, Any], name_of: Callable[[str], 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=folder.parent))
     try:
-        convert(path, tmp, args, name_of, say)
+        convert(path, tmp, args, name_of, fix_rows, say)
         write_tokenizer(tmp)
         files = {f.name: f.stat().st_size for f in tmp.iterdir()}
         (tmp / "source.json").write_text(json.dumps({"source": source_of(path),
@@ -81,7 +82,7 @@ def converted_folder(path: Path, args: dict[str, Any], name_of: Callable[[str], 
 
 
 def convert(path: Path, folder: Path, args: dict[str, Any], name_of: Callable[[str], str],
-            say: Progress) -> None:
+            fix_rows: Callable[[str, np.ndarray], np.ndarray], say: Progress) -> None:
     """The weights (`WEIGHTS`) and config.json of the mlx-lm folder."""
     import gguf
     from gguf.quants import dequantize
@@ -95,11 +96,11 @@ def convert(path: Path, folder: Path, args: dict[str, Any], name_of: Callable[[s
         raw = np.asarray(tensor.data)
         if tensor.tensor_type == Q4_K:
             module = name.removesuffix(".weight")
-            weights[name], weights[f"{module}.scales"], weights[f"{module}.biases"] = (
-                q4k_affine(raw))
+            for key, array in zip(("weight", "scales", "biases"), q4k_affine(raw)):
+                weights[f"{module}.{key}"] = np.ascontiguousarray(fix_rows(name, array))
         else:
-            weights[name] = np.ascontiguousarray(dequantize(raw, tensor.tensor_type),
-                                                 dtype=np.float32)
+            dense = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
+            weights[name] = np.ascontiguousarray(fix_rows(name, dense))
     args = {**args, "vocab_size": int(weights["model.embed_tokens.weight"].shape[0])}
     if any(t.tensor_type == Q4_K for t in reader.tensors):
         args["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -116,8 +117,10 @@ def reference_model(ref: dict[str, np.ndarray], tied: bool) -> Model:
 
 
 @pytest.mark.parametrize("qtype, tied", [(T.Q8_0, False), (T.Q4_0, True), (T.Q5_0, False)])
-def test_tiny_gguf_logits_match_reference(tmp_path, qtype, tied):
-    # Q8_0/Q4_0 go through mx.load, Q5_0 through the gguf package's dequantizers.
+def test_tiny_gguf_logits_match_reference(tmp_path, monkeypatch, qtype, tied):
+    # Q8_0/Q4_0 go through mx.load, Q5_0 through the gguf package's dequantizers (into a
+    # converted folder in the cache).
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     ref = write_tiny_gguf(path, qtype, tied)
     model, tokenizer = eg.load_gguf_target(path, dtype="float32")
@@ -250,9 +253,10 @@ def write_tiny_qwen2_gguf(path: Path) -> dict[str, np.ndarray]:
     return ref
 
 
-def test_tiny_qwen2_gguf_with_k_quants_matches_its_float_version(tmp_path):
+def test_tiny_qwen2_gguf_with_k_quants_matches_its_float_version(tmp_path, monkeypatch):
     from mlx_lm.models import qwen2
 
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tiny-qwen2.gguf"
     ref = write_tiny_qwen2_gguf(path)
     model, tokenizer = eg.load_gguf_target(path, dtype="float32")
@@ -370,3 +374,36 @@ def test_smollm2_checkpoint_precision_is_the_dequantized_model():
     assert {packed.model.layers[0].mlp.up_proj.bits, packed.model.embed_tokens.bits} == {4, 8}
     ids = mx.array([tok.encode("The capital of France is")])
     assert mx.abs(dense(ids) - packed(ids)).max().item() < 1e-3
+
+
+def test_k_quant_gguf_converts_once_and_again_when_damaged(tmp_path, monkeypatch):
+    from engine.gguf_folder import WEIGHTS, folder_for
+
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_qwen2_gguf(path)
+    said: list[str] = []
+    tokens = mx.array([[1, 10, 20, 30]])
+    first = eg.load_gguf_target(path, progress=lambda m, f: said.append(m))[0](tokens)
+    folder = folder_for(path)
+    assert any("converting" in m for m in said) and (folder / WEIGHTS).is_file()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine"}
+    said.clear()
+    again = eg.load_gguf_target(path, progress=lambda m, f: said.append(m))[0](tokens)
+    assert not said and mx.array_equal(first, again).item()  # the folder, not a conversion
+    weights = folder / WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-100])  # cut short: converted again
+    healed = eg.load_gguf_target(path, progress=lambda m, f: said.append(m))[0](tokens)
+    assert any("converting" in m for m in said) and mx.array_equal(first, healed).item()
+
+
+def test_q4k_affine_equals_the_gguf_dequantizer():
+    from engine.gguf_folder import q4k_affine
+
+    raw = random_blocks(np.random.default_rng(3), T.Q4_K, 8, 512)
+    packed, scales, biases = q4k_affine(raw)
+    assert packed.dtype == np.uint32 and packed.shape == (8, 64) and scales.shape == (8, 16)
+    ours = mx.dequantize(mx.array(packed), mx.array(scales), mx.array(biases), group_size=32,
+                         bits=4)
+    assert np.array_equal(np.array(ours), gguf_dequantize(raw, T.Q4_K).reshape(8, 512))
