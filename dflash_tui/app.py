@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -13,6 +12,7 @@ from textual.screen import Screen
 
 from dflash_tui import config
 from dflash_tui.backends import Backend, RealBackend
+from dflash_tui.config import ChatSettings
 from dflash_tui.messages import (
     DeleteConversation,
     EngineReady,
@@ -24,30 +24,13 @@ from dflash_tui.messages import (
 )
 from dflash_tui.screens.chat import ChatScreen
 from dflash_tui.screens.conversations import ConversationsScreen
-from dflash_tui.screens.help import HelpScreen, binding_rows
-from dflash_tui.screens.modals import SettingsScreen
+from dflash_tui.screens.help import BindingRow, HelpScreen, rows_of
+from dflash_tui.screens.modals import SettingsScreen, TextPrompt
 from dflash_tui.screens.picker import PickerScreen
 from dflash_tui.store import Store, StoredMessage, export_markdown
+from dflash_tui.widgets.prompt import PromptInput
+from dflash_tui.widgets.transcript import MessageView
 from dflash_tui.worker import EngineWorker
-
-
-@dataclass
-class ChatSettings:
-    """What a reply is generated with: the conversation's own values over the defaults."""
-
-    system_prompt: str
-    max_tokens: int
-    block_size: int  # 0: the draft's own
-    temperature: float = 0.0  # 0: greedy, exact
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None  # None: a fresh seed every reply
-
-    @property
-    def sampling(self) -> dict[str, float | int | None]:
-        """generate()'s sampling keywords."""
-        return {k: getattr(self, k) for k in config.SAMPLING}
 
 
 def title_from(text: str) -> str:
@@ -56,6 +39,9 @@ def title_from(text: str) -> str:
 
 
 class DFlashChatApp(App[None]):
+    """The one owner of the app's state (the open conversation, the settings, the engine
+    worker); its screens reach that state through dflash_tui.host.ChatHost."""
+
     TITLE = "dflash-chat"
     SUB_TITLE = "New chat"
     ENABLE_COMMAND_PALETTE = True
@@ -265,7 +251,7 @@ class DFlashChatApp(App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(binding_rows(self.settings.keymap), self.config_file))
 
     def action_pick_model(self) -> None:
         self.push_screen(PickerScreen())  # posts LoadPair when a pair is chosen
@@ -318,8 +304,6 @@ class DFlashChatApp(App[None]):
         return path
 
     def action_rename(self) -> None:
-        from dflash_tui.screens.modals import TextPrompt
-
         cid = self.conversation_id
         if cid is None:
             self.notify("Send a message first: new chats are named after it.", timeout=3)
@@ -381,3 +365,20 @@ class DFlashChatApp(App[None]):
         yield SystemCommand(
             "View: toggle compact mode", "Speed line only (Ctrl+O)", chat.action_toggle_compact
         )
+
+
+def binding_rows(keymap: dict[str, str] | None = None) -> list[BindingRow]:
+    """(id, keys, action, where) for every binding with an id: what F1 lists and [keymap]
+    may rebind; `keymap` overrides keys by id."""
+    return rows_of(
+        (
+            ("everywhere", DFlashChatApp),
+            ("chat", ChatScreen),
+            ("prompt", PromptInput),
+            ("focused message", MessageView),
+            ("conversations", ConversationsScreen),
+            ("model picker", PickerScreen),
+            ("settings", SettingsScreen),
+        ),
+        keymap,
+    )

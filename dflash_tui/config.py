@@ -60,6 +60,25 @@ class Settings:
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed")  # SamplingParams' fields
 
 
+@dataclass
+class ChatSettings:
+    """What a reply is generated with: the conversation's own values over the defaults."""
+
+    system_prompt: str
+    max_tokens: int
+    block_size: int  # 0: the draft's own
+    temperature: float = 0.0  # 0: greedy, exact
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None  # None: a fresh seed every reply
+
+    @property
+    def sampling(self) -> dict[str, float | int | None]:
+        """generate()'s sampling keywords."""
+        return {k: getattr(self, k) for k in SAMPLING}
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

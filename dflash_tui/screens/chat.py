@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
+from dflash_tui.host import ChatHost, host_of
 from dflash_tui.messages import (
     EngineFailed,
     EngineProgress,
@@ -26,15 +27,13 @@ from dflash_tui.widgets.transcript import MessageView, Transcript
 from dflash_tui.worker import GenerateJob
 
 if TYPE_CHECKING:
-    from dflash_tui.app import ChatSettings, DFlashChatApp
+    from dflash_tui.config import ChatSettings
 
 FLUSH_INTERVAL = 0.5  # seconds between DB writes of a streaming reply (kill -9 loses < 1 s)
 COMPACT_WIDTH = 90  # below this many columns the sidebar folds into the speed line
 
 
 class ChatScreen(Screen):
-    app: DFlashChatApp
-
     # priority: the prompt's TextArea has its own ctrl+y (redo) and would swallow them.
     BINDINGS = [
         Binding("escape", "stop", "Stop reply", id="chat.stop", priority=True),
@@ -77,6 +76,11 @@ class ChatScreen(Screen):
         self._auto_compact = False
         self.editing: list[int] = []  # message ids the prompt's text will replace when sent
 
+    @property
+    def host(self) -> ChatHost:
+        """The app's state: this screen draws it and asks the app to change it."""
+        return host_of(self)
+
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal():
@@ -94,11 +98,11 @@ class ChatScreen(Screen):
         self.apply_view()
         self.query_one(SpeedLine).show_stats(None)
         self.query_one(PromptInput).focus()
-        await self.app.open_conversation(self.app.start_conversation)
+        await self.host.open_conversation(self.host.start_conversation)
 
     def apply_view(self) -> None:
         """Show the app's view settings (sidebar, compact, draft colours)."""
-        s = self.app.settings
+        s = self.host.settings
         self.set_class(not s.show_sidebar, "no-sidebar")
         self.set_class(s.compact or self._auto_compact, "compact")
         for view in self.query(MessageView):
@@ -109,7 +113,7 @@ class ChatScreen(Screen):
         narrow = self.size.width < COMPACT_WIDTH
         if narrow != self._auto_compact:
             self._auto_compact = narrow
-            self.set_class(narrow or self.app.settings.compact, "compact")
+            self.set_class(narrow or self.host.settings.compact, "compact")
 
     # conversation loading -------------------------------------------------------------------
 
@@ -119,7 +123,7 @@ class ChatScreen(Screen):
         await self.stop_reply()
         transcript = self.query_one(Transcript)
         await transcript.remove_children()
-        store = self.app.store
+        store = self.host.store
         views = []
         if conversation_id is not None:
             for m in store.messages(conversation_id):
@@ -132,7 +136,7 @@ class ChatScreen(Screen):
             await transcript.mount_all(views)
             for view in views:
                 view.set_footer(view.footer_text)
-                view.set_colours(self.app.settings.draft_colours)
+                view.set_colours(self.host.settings.draft_colours)
         else:
             await transcript.mount(
                 Static(
@@ -144,7 +148,7 @@ class ChatScreen(Screen):
         transcript.anchor()
         self.query_one(StatsSidebar).reset()
         self.query_one(SpeedLine).show_stats(None)
-        self.show_settings(self.app.effective())
+        self.show_settings(self.host.effective())
 
     def show_settings(self, chat: ChatSettings) -> None:
         """Show the settings the next reply uses (the app calls this when they change)."""
@@ -166,10 +170,10 @@ class ChatScreen(Screen):
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        app = self.app
-        cid = app.begin_conversation(text)
+        host = self.host
+        cid = host.begin_conversation(text)
         # The user turn is committed before the engine sees it: a crash cannot lose it.
-        user_row = app.add_turn("user", text)
+        user_row = host.add_turn("user", text)
         transcript = self.query_one(Transcript)
         user_view = MessageView("user", text)
         user_view.message_id = user_row.id
@@ -178,22 +182,22 @@ class ChatScreen(Screen):
 
     async def _reply(self, cid: int) -> None:
         """Stream a new assistant turn for the conversation as stored."""
-        app = self.app
-        chat = app.effective()
+        host = self.host
+        chat = host.effective()
         transcript = self.query_one(Transcript)
         prompt = self._prompt_for(cid, chat.system_prompt)
-        reply_row = app.add_turn("assistant", "", status="streaming")
+        reply_row = host.add_turn("assistant", "", status="streaming")
         view = MessageView("assistant", "", "streaming")
         view.message_id = reply_row.id
         await transcript.add(view)
-        view.set_colours(app.settings.draft_colours)
+        view.set_colours(host.settings.draft_colours)
         transcript.anchor()
 
         self.request_id += 1
         self.reply_view, self.reply_db_id = view, reply_row.id
         self._last_flush = time.monotonic()
         self.query_one(StatsSidebar).reset()
-        self.active = app.worker.submit_generate(
+        self.active = host.worker.submit_generate(
             GenerateJob(self.request_id, prompt, chat.max_tokens, chat.block_size, chat.sampling)
         )
         self.refresh_bindings()  # Esc (stop) appears in the footer only while streaming
@@ -202,7 +206,7 @@ class ChatScreen(Screen):
         prompt = []
         if system_prompt:
             prompt.append({"role": "system", "content": system_prompt})
-        for m in self.app.store.messages(conversation_id):
+        for m in self.host.store.messages(conversation_id):
             if m.role in ("user", "assistant") and m.content.strip():
                 prompt.append({"role": m.role, "content": m.content})
         return prompt
@@ -226,7 +230,7 @@ class ChatScreen(Screen):
         self.query_one(SpeedLine).show_stats(batch.stats)
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_INTERVAL and self.reply_db_id is not None:
-            self.app.save_turn(self.reply_db_id, self.reply_view.content)
+            self.host.save_turn(self.reply_db_id, self.reply_view.content)
             self._last_flush = now
 
     async def on_reply_finished(self, event: ReplyFinished) -> None:
@@ -289,12 +293,12 @@ class ChatScreen(Screen):
             return
         await view.finish(status, footer if status != "error" else f"✗ {footer}")
         if db_id is not None:
-            self.app.save_turn(db_id, view.content, status=status, stats=summary)
+            self.host.save_turn(db_id, view.content, status=status, stats=summary)
 
     async def stop_reply(self) -> None:
         """Stop a streaming reply (if any), keeping its text: before another chat opens."""
         if self.active is not None:
-            self.app.worker.cancel(self.active.request_id)
+            self.host.worker.cancel(self.active.request_id)
             await self._finish_reply("stopped", "stopped", {})
 
     # actions --------------------------------------------------------------------------------
@@ -307,19 +311,19 @@ class ChatScreen(Screen):
         return True
 
     async def _drop_messages(self, ids: list[int]) -> None:
-        self.app.drop_turns(ids)
+        self.host.drop_turns(ids)
         for view in self.query_one(Transcript).messages():
             if view.message_id in ids:
                 await view.remove()
 
     async def action_regenerate(self) -> None:
         """Replace the last reply with a new one (the conversation before it is unchanged)."""
-        cid = self.app.conversation_id
+        cid = self.host.conversation_id
         if self.active is not None or cid is None:
             self.notify("Nothing to regenerate yet." if cid is None else
                         "A reply is still streaming: press Esc to stop it first.", timeout=3)
             return
-        messages = self.app.store.messages(cid)
+        messages = self.host.store.messages(cid)
         if not messages or messages[-1].role != "assistant":
             self.notify("The last message is not a reply: send a message instead.", timeout=3)
             return
@@ -329,11 +333,11 @@ class ChatScreen(Screen):
     def action_edit_last(self) -> None:
         """Put the last message you sent back in the prompt; Enter resends it in place of the
         old one and its reply, Esc keeps things as they were."""
-        cid = self.app.conversation_id
+        cid = self.host.conversation_id
         if self.active is not None:
             self.notify("A reply is still streaming: press Esc to stop it first.", timeout=3)
             return
-        messages = self.app.store.messages(cid) if cid is not None else []
+        messages = self.host.store.messages(cid) if cid is not None else []
         users = [m for m in messages if m.role == "user"]
         if not users:
             self.notify("No message of yours to edit yet.", timeout=3)
@@ -356,7 +360,7 @@ class ChatScreen(Screen):
                 self.query_one(PromptInput).clear()
                 self.refresh_bindings()
             return
-        self.app.worker.cancel(self.active.request_id)
+        self.host.worker.cancel(self.active.request_id)
         await self._finish_reply("stopped", "stopped by you (Esc)", {})
 
     def action_copy_last(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -13,17 +12,14 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label
 
+from dflash_tui.host import ChatHost, host_of
 from dflash_tui.messages import DeleteConversation, OpenConversation, RenameConversation
 from dflash_tui.screens.modals import Confirm, TextPrompt
 from dflash_tui.widgets.ids import middle_ellipsis
 
-if TYPE_CHECKING:
-    from dflash_tui.app import DFlashChatApp
 
 class ConversationsScreen(ModalScreen[None]):
     """Posts OpenConversation (None: a new chat) to the app and closes."""
-
-    app: DFlashChatApp
 
     DEFAULT_CSS = """
     ConversationsScreen { align: center middle; }
@@ -39,6 +35,10 @@ class ConversationsScreen(ModalScreen[None]):
         Binding("d", "delete", "Delete", id="conversations.delete"),
         Binding("slash", "search", "Search", id="conversations.search"),
     ]
+
+    @property
+    def host(self) -> ChatHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -68,7 +68,7 @@ class ConversationsScreen(ModalScreen[None]):
         table.clear(columns=True)
         for name, width in widths.items():
             table.add_column(name, width=width, key=name)
-        store = self.app.store
+        store = self.host.store
         counts = store.message_counts()
         for conv in store.list_conversations(self.query_one("#search", Input).value.strip()):
             count = counts.get(conv.id, 0)
@@ -114,7 +114,7 @@ class ConversationsScreen(ModalScreen[None]):
         cid = self._selected()
         if cid is None:
             return
-        conv = self.app.store.get_conversation(cid)
+        conv = self.host.store.get_conversation(cid)
 
         def done(title: str | None) -> None:
             if title is not None:
@@ -126,7 +126,7 @@ class ConversationsScreen(ModalScreen[None]):
         cid = self._selected()
         if cid is None:
             return
-        conv = self.app.store.get_conversation(cid)
+        conv = self.host.store.get_conversation(cid)
 
         def done(yes: bool | None) -> None:
             if yes:

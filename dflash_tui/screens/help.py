@@ -2,35 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.dom import DOMNode
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
+BindingRow = tuple[str, str, str, str]  # (id, keys, action, where)
 
-def binding_rows(keymap: dict[str, str] | None = None) -> list[tuple[str, str, str, str]]:
-    """(id, keys, action, where) for every binding; `keymap` overrides keys by id."""
-    from dflash_tui.app import DFlashChatApp
-    from dflash_tui.screens.chat import ChatScreen
-    from dflash_tui.screens.conversations import ConversationsScreen
-    from dflash_tui.screens.modals import SettingsScreen
-    from dflash_tui.screens.picker import PickerScreen
-    from dflash_tui.widgets.prompt import PromptInput
-    from dflash_tui.widgets.transcript import MessageView
 
+def rows_of(
+    sources: Iterable[tuple[str, type[DOMNode]]], keymap: dict[str, str] | None = None
+) -> list[BindingRow]:
+    """A row for every binding with an id of each (where, class) in `sources`; `keymap`
+    overrides keys by id. The app names the sources: this screen imports none of them."""
     keymap = keymap or {}
     rows = []
-    for where, cls in (
-        ("everywhere", DFlashChatApp),
-        ("chat", ChatScreen),
-        ("prompt", PromptInput),
-        ("focused message", MessageView),
-        ("conversations", ConversationsScreen),
-        ("model picker", PickerScreen),
-        ("settings", SettingsScreen),
-    ):
+    for where, cls in sources:
         for b in cls.BINDINGS:
             if isinstance(b, Binding) and b.id:
                 rows.append((b.id, keymap.get(b.id, b.key), b.description, where))
@@ -51,6 +44,10 @@ class HelpScreen(ModalScreen[None]):
         Binding("f1", "dismiss", "Close", show=False, id="help.close_f1"),
     ]
 
+    def __init__(self, rows: list[BindingRow], config_file: Path) -> None:
+        super().__init__()
+        self.rows, self.config_file = rows, config_file
+
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("dflash-chat keys  (Esc closes)", classes="title")
@@ -59,7 +56,7 @@ class HelpScreen(ModalScreen[None]):
                     "Rebind a key by its id: ",
                     ('"chat.stop" = "ctrl+s"', "bold"),
                     " under [keymap] in ",
-                    (str(self.app.config_file), "bold"),
+                    (str(self.config_file), "bold"),
                 ),
                 classes="hint",
             )
@@ -69,6 +66,6 @@ class HelpScreen(ModalScreen[None]):
         table = self.query_one(DataTable)
         # Key and id first: on a narrow terminal "Where" is what scrolls out of view.
         table.add_columns("Key", "Action", "Binding id", "Where")
-        for binding_id, key, action, where in binding_rows(self.app.settings.keymap):
+        for binding_id, key, action, where in self.rows:
             table.add_row(key, action, binding_id, where)
         table.focus()

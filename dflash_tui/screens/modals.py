@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,13 +12,11 @@ from textual.widgets import Button, Input, Label, TextArea
 from dflash_tui.config import (
     MAX_BLOCK_SIZE,
     MIN_BLOCK_SIZE,
+    ChatSettings,
     validate_block_size,
     validate_max_tokens,
     validate_sampling,
 )
-
-if TYPE_CHECKING:
-    from dflash_tui.app import ChatSettings
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}

@@ -164,7 +164,7 @@ class StatsSidebar(VerticalScroll):
         self.query_one("#speculation", Static).update(text)
 
     def set_sampling(self, settings: Any) -> None:
-        """The open conversation's sampling settings (the app's ChatSettings)."""
+        """The open conversation's sampling settings (a dflash_tui.config.ChatSettings)."""
         width = max(20, self.content_size.width or 35)
         self.query_one("#sampling", Static).update(sampling_text(settings, width))
 

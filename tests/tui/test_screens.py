@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_tui.app import DFlashChatApp
+from dflash_tui.app import DFlashChatApp, binding_rows
 from dflash_tui.backends import FakeBackend
 from dflash_tui.cli import build_parser
-from dflash_tui.screens.help import HelpScreen, binding_rows
+from dflash_tui.screens.help import HelpScreen
 
 from .conftest import engine_ready, wait_for
 

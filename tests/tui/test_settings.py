@@ -8,9 +8,8 @@ import sqlite3
 import pytest
 
 from dflash_tui import config
-from dflash_tui.app import DFlashChatApp
+from dflash_tui.app import DFlashChatApp, binding_rows
 from dflash_tui.backends import FakeBackend
-from dflash_tui.screens.help import binding_rows
 from dflash_tui.screens.modals import SettingsScreen
 from dflash_tui.store import DB_NAME, MIGRATIONS, SCHEMA_VERSION, Store
 from dflash_tui.worker import GenerateJob
