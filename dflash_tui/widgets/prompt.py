@@ -31,9 +31,16 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.placeholder = "Message  (Enter sends · Shift+Enter / Ctrl+J newline · Esc stops)"
 
+    # A priority binding runs as the app reads the key, while keys typed just before it (a
+    # fast typist, a paste tool, `tmux send-keys "hi" Enter`) may still wait in this widget's
+    # queue. call_later queues the action behind them, so it sees the text typed before it.
+
     def action_submit(self) -> None:
+        self.call_later(self._submit)
+
+    def _submit(self) -> None:
         if self.text.strip():
             self.post_message(self.Submitted(self, self.text))
 
     def action_newline(self) -> None:
-        self.insert("\n")
+        self.call_later(self.insert, "\n")

@@ -107,3 +107,15 @@ async def send(pilot, text: str) -> asyncio.Task:
     task = asyncio.create_task(pilot.press("enter"))
     await wait_for(pilot, lambda: pilot.app.chat.active is not None or task.done())
     return task
+
+
+def type_at_once(app, data: str) -> None:
+    """`data` as one read of terminal input, as `tmux send-keys "hi" Enter` or a paste tool
+    delivers it ("\r" is Enter, "\n" Ctrl+J): parsed by Textual's own terminal parser and posted
+    back to back, the way its Linux driver does. Pilot's press() cannot show this: it waits for
+    the app to go idle after every key, so each key is handled before the next arrives."""
+    from textual._xterm_parser import XTermParser
+
+    parser = XTermParser()
+    for event in [*parser.feed(data), *parser.tick()]:
+        app._driver.process_message(event)
