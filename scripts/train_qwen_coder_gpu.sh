@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# The Qwen2.5-Coder-1.5B-Instruct draft on one lent GPU (H100 or H200), in parts, one device
+# The Qwen2.5-Coder-1.5B-Instruct pair on one lent GPU (H100 or H200), in parts, one device
 # call each (a call lasts at most 10 minutes; the machine keeps /root between back-to-back
-# calls). Staging first, here:
-#   python scripts/qwen_coder_stage_files.py /tmp/qwen-stage   # GGUF + tokenizer + prompts
-#   ../shared/gpu/stage /tmp/qwen-stage/*                     # then one call per part
+# calls, and is given back after 30 s idle). Staging first, here:
+#   python scripts/stage_qwen_coder.py /tmp/qwen-stage --ar-draft \
+#       [--data REV:benchmarks/qwen-coder-data/gen-1.npz ...]   # earlier answers, from history
+#   ../shared/gpu/stage /tmp/qwen-stage/*          # then one device call per part, p1 first,
+#                                                 # the last one with `&& PART=... bash <this>`
 # Parts (PART=...):
 #   gen    the target (bf16) answers prompt slice SLICE (K/N) of train_prompts.jsonl.gz for
 #          GEN_S seconds -> /root/gen-$SEED/data.npz, copied to $OUT/gen-$SEED.npz (keep it:
 #          later sessions stage it again; the machine keeps nothing)
 #   train  a draft (DEPTH layers, MLP WIDTH, TAPS taps; or INIT, a staged draft folder tar) on
 #          every gen-*.npz staged or made on this machine, for TRAIN_S seconds -> /root/draft,
-#          packed into $OUT (weights in parts under 16 MB)
-#          PAUSE=S ends the call after S seconds; PART=resume continues the same schedule
+#          packed into $OUT (weights in 15 MB pieces: cat draft-weights.part-* >
+#          model.safetensors); PAUSE=S ends the call after S seconds and PART=resume
+#          continues the same schedule
 #   more   /root/draft trained on with its optimizer state for MORE_S more seconds
+#   bench  dflash benchmark on SUITES (default: all three, LIMIT prompts each) with the
+#          shipped draft (or DRAFT=/root/draft), mlx-lm plain and mlx-lm speculative with the
+#          0.5B draft at K=2..6, at the GPU's default precision -> $OUT/qwen2.5-coder-1.5b-*-gpu.json
+# Stage 1 (2026-12-06, one H100): SEED=1 SLICE=0/4 GEN_S=400 GEN_BATCH=512 PART=gen, then
+# SEED=1 TRAIN_S=680 PAUSE=400 LR=6e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume (the
+# model card of engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of it).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
 files=/root/stash/files
-gguf=/root/qwen/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-if [[ ! -f $gguf ]]; then  # once per machine: the GGUF and the tokenizer built on our side
-  mkdir -p /root/qwen /root/evals
-  mv $files/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf "$gguf"
-  tar -xf $files/qwen-extras.tar -C /root/qwen
-  mv /root/qwen/evals/* /root/evals/
-  python3 scripts/stamp_tokenizer.py "$gguf"
+model=qwen2.5-coder-1.5b
+for gguf in $files/qwen2.5-coder-*.gguf; do  # once per machine: into the engine's cache
+  [[ -f $gguf ]] || continue
+  key=$(basename "$gguf" | sed -E 's/-instruct.*//')
+  mkdir -p "$DFLASH_CACHE_DIR/$key" && mv "$gguf" "$DFLASH_CACHE_DIR/$key/"
+done
+if [[ -f $files/qwen-extras.tar ]]; then
+  mkdir -p /root/evals && tar -xf $files/qwen-extras.tar -C /root && rm $files/qwen-extras.tar
 fi
 SEED=${SEED:-1}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -32,14 +42,17 @@ data_args() {
     [[ -f $d ]] || continue
     if (( first )); then echo --data "$d"; first=0; else echo --extra-data "$d"; fi
   done
+  for h in $files/heldout-*.npz /root/gen-*/heldout.npz; do
+    [[ -f $h ]] && { echo --heldout "$h"; break; }
+  done
 }
 shape=(--depth ${DEPTH:-2} --taps ${TAPS:-4} --intermediate-size ${WIDTH:-2048} --block-size 16)
-train_args=(--model "$gguf" --dtype bfloat16 --max-len 1024 --batch ${BATCH:-32}
-            --anchors ${ANCHORS:-96} --steps 100000 --val-every 400 --checkpoint-every 400
+train_args=(--model $model --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
+            --anchors ${ANCHORS:-64} --steps 100000 --val-every 400 --checkpoint-every 400
             --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16 --no-progress
             ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB pieces (a file
-  # that comes back is capped at 16 MB): `cat draft-weights.part-* > model.safetensors`
+  # that comes back is capped at 16 MB, all of them at 64 MB)
   local dir=${1:-/root/draft}
   tar -C "$dir" -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
   split -b 15M -d -a 2 "$dir/model.safetensors" "$OUT/draft-weights.part-"
@@ -48,8 +61,8 @@ case "${PART:-}" in
 gen)
   out=/root/gen-$SEED; mkdir -p $out
   answered=(); for d in $files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
-  timeout $(( ${GEN_S:-420} + 120 )) python3 -m engine.train --model "$gguf" "${shape[@]}" \
-    --out $out --data $out/data.npz --collect-only --max-len 1024 --no-progress \
+  timeout $(( ${GEN_S:-420} + 120 )) python3 -m engine.train "${shape[@]}" \
+    --model $model --out $out --data $out/data.npz --collect-only --max-len 1024 --no-progress \
     --prompts-file $files/train_prompts.jsonl.gz --eval-dir /root/evals \
     --prompt-slice ${SLICE:-0/4} --prompt-seed $SEED --num-prompts ${NUM_PROMPTS:-129000} \
     --gen-batch ${GEN_BATCH:-1024} --gen-dtype bfloat16 --gen-attention ${GEN_ATTENTION:-grouped} \
@@ -77,5 +90,11 @@ more)
     --state-dir /root/state2 --train-seconds ${MORE_S:-300} ${TRAIN_ARGS:-} 2>&1 \
     | grep -v "^ *$" | tail -n 40
   pack ;;
-*) echo "PART=gen|train|more" >&2; exit 2 ;;
+bench)
+  for suite in ${SUITES:-humaneval gsm8k mt-bench}; do
+    timeout ${BENCH_S:-560} python3 -m engine.cli benchmark --model $model ${DRAFT:+--draft $DRAFT} \
+      --suite $suite ${LIMIT:+--limit $LIMIT} --max-tokens 256 --ar-draft qwen2.5-coder-0.5b \
+      --json "$OUT/qwen2.5-coder-1.5b-$suite-gpu.json" 2>&1 | tail -n 12
+  done ;;
+*) echo "PART=gen|train|resume|more|bench" >&2; exit 2 ;;
 esac
