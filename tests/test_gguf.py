@@ -56,28 +56,35 @@ def hf_weights(seed: int, tied: bool) -> dict[str, np.ndarray]:
     return out
 
 
+def gguf_writer(path: Path, arch: str, hidden: int, heads: int, kv_heads: int, ffn: int,
+                rope_base: float, eps: float, pre: str, bos: int) -> gguf.GGUFWriter:
+    """A GGUFWriter with a tiny model's hyperparameters and the test vocabulary."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(TOKENS)
+    w.add_token_types([3] * len(SPECIAL) + [1] * (len(TOKENS) - len(SPECIAL)))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    return w
+
+
 def write_tiny_gguf(path: Path, qtype: T, tied: bool = False, arch: str = "llama") -> dict:
     """A llama GGUF as llama.cpp writes it (q/k permuted); returns the HF-order reference
     weights, already round-tripped through `qtype` where they were quantized."""
     hf = hf_weights(0, tied)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
-    w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(TOKENS)
-    w.add_token_types([3] * len(SPECIAL) + [1] * (len(TOKENS) - len(SPECIAL)))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = gguf_writer(path, arch, HIDDEN, HEADS, KV_HEADS, FFN, 10000.0, 1e-5, "default", bos=1)
     w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
     w.add_chat_template(TEMPLATE)
     ref = {}
     for name, arr in hf.items():
@@ -193,23 +200,7 @@ def write_tiny_qwen2_gguf(path: Path) -> dict[str, np.ndarray]:
     Q6_K, Q5_0 and F32 tensors; returns the reference weights under mlx-lm's names."""
     rng = np.random.default_rng(1)
     hd = Q_HIDDEN // Q_HEADS
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_block_count(LAYERS)
-    w.add_context_length(256)
-    w.add_embedding_length(Q_HIDDEN)
-    w.add_feed_forward_length(Q_FFN)
-    w.add_head_count(Q_HEADS)
-    w.add_head_count_kv(Q_KV)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([3] * len(SPECIAL) + [1] * (len(TOKENS) - len(SPECIAL)))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    w = gguf_writer(path, "qwen2", Q_HIDDEN, Q_HEADS, Q_KV, Q_FFN, 1e6, 1e-6, "qwen2", bos=0)
     w.add_chat_template(TEMPLATE)
     vocab = len(TOKENS)
     tensors = {"token_embd": ((vocab, Q_HIDDEN), T.Q6_K), "output": ((vocab, Q_HIDDEN), T.Q6_K),
