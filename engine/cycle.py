@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import mlx.core as mx
 import numpy as np
 
+from .dflash2 import CandidateSelector, DFlash2Draft
 from .draft import DFlashDraft, TokenChain
 from .draft_head import DraftHead
 from .events import CycleStats
@@ -306,6 +307,27 @@ def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: in
     return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
 
 
+def selected_proposal(staged: int, selector: CandidateSelector, hidden: mx.array,
+                      logits: mx.array, head: DraftHead, vocab: int,
+                      sampler: Sampler | None = None, min_confidence: float | None = None,
+                      lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array | None]:
+    """A DFlash2 draft's proposal: its selector's path (`CandidateSelector.walk`) through the
+    slots' hidden states [n, H] and logits [n, K] over `head`. -> (verify input [1, <= n + 1]:
+    `staged`, then the path; with a `sampler`, the draws' distributions over the vocabulary
+    [<= n, V], each conditioned on the draws before it as speculative sampling needs). The
+    verify cut reads the draft's own probabilities of the path's tokens."""
+    path = selector.walk(hidden, logits, staged, head, sampler)
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), path.tokens])[None]
+    size = path.tokens.shape[0] + 1
+    n = size if min_confidence is None else cut_length(path.confidence, min_confidence, size,
+                                                        lengths)
+    if path.q is None:
+        return proposal[:, :n], None
+    q = mx.put_along_axis(mx.zeros((size - 1, vocab), dtype=path.q.dtype), path.candidates,
+                          path.q, axis=-1)
+    return proposal[:, :n], q[: n - 1]
+
+
 def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
                    sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None,
                    lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array, mx.array]:
@@ -522,6 +544,9 @@ class DraftProposer:
     # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
     # sets them
     target_cache: list[Any] = field(default_factory=list)
+    # A DFlash2 draft's candidate selector (engine/dflash2.py): every draft proposal is its
+    # path (`path_proposal`); None: the draft's top tokens
+    selector: CandidateSelector | None = field(default=None, init=False, repr=False)
     # the next cycle's draft logits [1, B - 1, K]; context entries past the kept ones
     _prefetched: mx.array | None = field(default=None, init=False, repr=False)
     _unsettled: int = field(default=0, init=False, repr=False)
@@ -529,6 +554,8 @@ class DraftProposer:
     def __post_init__(self) -> None:
         if not self.cache:
             self.cache = self.draft.make_cache()
+        if isinstance(self.draft, DFlash2Draft):
+            self.selector = self.draft.candidate_selector
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
         if not branches_apply(self.target, self.min_confidence):
             self.branches = None
@@ -611,6 +638,9 @@ class DraftProposer:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
+        if self.selector is not None:  # a DFlash2 draft: its selector's path, nothing else
+            self.took_repeat = False
+            return self.path_proposal(staged, size)[0]
         if (self.copy is not None and self.branches is None and not self.draft_tree
                 and size > 1):
             verify_in, self.took_repeat = copied_proposal(
@@ -640,6 +670,9 @@ class DraftProposer:
         if found and length >= self.lookup_min_match:
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
+        if self.selector is not None:
+            self.took_repeat = False
+            return self.path_proposal(staged, size, sampler)  # type: ignore[return-value]
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
                 staged, self.draft_logits(staged, size, chained=False), self.output_head,
@@ -721,6 +754,25 @@ class DraftProposer:
                              self.output_head.ids,
                              self.target.vocab_size, sampler, self.min_confidence,
                              self.verify_lengths)
+
+    def path_proposal(self, staged: int, size: int, sampler: Sampler | None = None
+                      ) -> tuple[mx.array, mx.array | None]:
+        """A DFlash2 draft's proposal: its selector's path (`selected_proposal`) through the
+        block's `path_outputs`."""
+        assert self.selector is not None
+        if size == 1:
+            return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
+        hidden, logits = self.path_outputs(staged, size)
+        return selected_proposal(staged, self.selector, hidden, logits, self.output_head,
+                                 self.target.vocab_size, sampler, self.min_confidence,
+                                 self.verify_lengths)
+
+    def path_outputs(self, staged: int, size: int) -> tuple[mx.array, mx.array]:
+        """A DFlash2 draft forward on [staged, mask x (size - 1)] -> the normed hidden states
+        [size - 1, H] and logits [size - 1, K] of its slots 1.. (`block_outputs`)."""
+        draft: DFlash2Draft = self.draft  # type: ignore[assignment]
+        block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
+        return draft.block_outputs(self.target.embed(block), self.cache, self.output_head)
 
     @property
     def output_head(self) -> DraftHead:

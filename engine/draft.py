@@ -291,6 +291,8 @@ class TokenChain(nn.Module):
 
 
 class DFlashDraft(nn.Module):
+    layer_class: type[DraftLayer] = DraftLayer  # DFlash2 (engine/dflash2.py) wraps it
+
     def __init__(self, args: DraftArgs):
         super().__init__()
         self.args = args
@@ -298,7 +300,7 @@ class DFlashDraft(nn.Module):
         types = args.layer_types or ["full_attention"] * args.num_hidden_layers
         self.fc = nn.Linear(n_taps * H, H, bias=False)
         self.hidden_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
-        self.layers = [DraftLayer(args, t == "sliding_attention") for t in types]
+        self.layers = [self.layer_class(args, t == "sliding_attention") for t in types]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
         self.chain = (TokenChain(H, args.chain_units, args.rms_norm_eps) if args.chain_units
                       else None)

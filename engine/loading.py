@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 
 from .device import current
+from .dflash2 import DFlash2Args, DFlash2Draft, is_dflash2, module_weights
 from .draft import DFlashDraft, DraftArgs
 from .draft_head import RANKING_FILE
 from .errors import (
@@ -243,17 +244,20 @@ def read_draft_args(path: Path) -> DraftArgs:
             "(config.json + model.safetensors)."
         )
     config = read_json(cfg_path, DraftCheckpointError)
+    # z-lab's two layouts: DFlash (engine/draft.py) and DFlash2 (engine/dflash2.py)
+    kind, layout = (("DFlash2", "*-DFlash2") if is_dflash2(config)
+                    else ("DFlash", "*-DFlash"))
     try:
-        return DraftArgs.from_config(config)
+        return (DFlash2Args if kind == "DFlash2" else DraftArgs).from_config(config)
     except (TypeError, AttributeError, ValueError) as exc:
         raise DraftCheckpointError(
-            f"{cfg_path} is not a DFlash draft config ({exc}). Fix: use a checkpoint in the "
-            "z-lab *-DFlash layout."
+            f"{cfg_path} is not a {kind} draft config ({exc}). Fix: use a checkpoint in the "
+            f"z-lab {layout} layout."
         ) from exc
     except KeyError as exc:
         raise DraftCheckpointError(
-            f"{cfg_path} lacks {exc.args[0]}: not a DFlash draft config. Fix: use a checkpoint "
-            "in the z-lab *-DFlash layout."
+            f"{cfg_path} lacks {exc.args[0]}: not a {kind} draft config. Fix: use a checkpoint "
+            f"in the z-lab {layout} layout."
         ) from exc
 
 
@@ -272,7 +276,13 @@ def load_draft_folder(path: Path, dtype: mx.Dtype | None = None) -> DFlashDraft:
                 f"{f} is unreadable or corrupt ({exc}). Fix: delete it and download again."
             ) from exc
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
-    draft = DFlashDraft(args)
+    if isinstance(args, DFlash2Args):
+        try:
+            weights = module_weights(weights)
+        except ValueError as exc:
+            raise DraftCheckpointError(f"{path}: {exc}. Fix: the checkpoint is damaged; "
+                                       "download it again.") from exc
+    draft = DFlash2Draft(args) if isinstance(args, DFlash2Args) else DFlashDraft(args)
     quantized = any(k.endswith(".scales") for k in weights)
     if quantized:  # stored small (scripts/quantize_draft.py), in MLX's affine blocks
         storage = read_json(path / "config.json", DraftCheckpointError).get("quantization") or {}

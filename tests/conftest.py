@@ -25,3 +25,21 @@ def tiny_pairs(tmp_path_factory):
         return cache[family, mixing]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash2(tmp_path_factory):
+    """(family, name="dflash2", **shape) -> (target_dir, draft_dir): a tiny target and a
+    random-weight DFlash2 draft for it in z-lab's layout (tiny_pairs.make_tiny_dflash2), built
+    once per session per (family, name)."""
+    from tiny_pairs import make_tiny_dflash2
+
+    root = tmp_path_factory.mktemp("dflash2")
+    cache: dict[tuple[str, str], tuple] = {}
+
+    def get(family: str, name: str = "dflash2", **shape):
+        if (family, name) not in cache:
+            cache[family, name] = make_tiny_dflash2(root, family, name=name, **shape)
+        return cache[family, name]
+
+    return get

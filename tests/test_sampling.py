@@ -4,7 +4,10 @@ The statistical test runs the engine's own speculative loop (`speculative_decode
 `Sampler`: draft draws, acceptance, residual and bonus draws, verify cut, token subset) on a
 small-vocabulary Markov target and a deliberately different Markov draft, whose exact
 distributions are known, so 20,000 replies cost only the loop's own overhead. The same test,
-run with a wrong acceptance rule on a quarter of the samples, must reject it: it has power."""
+run with a wrong acceptance rule on a quarter of the samples, must reject it: it has power.
+DFlash2 drafts propose their candidate selector's path, drawn slot after slot: the same test
+runs at T = 0.8 on a real random DFlash2 draft's block outputs and selector, and rejects a q
+that ignores the selector's edges."""
 
 from __future__ import annotations
 
@@ -101,9 +104,10 @@ def tables(seed: int = 0):
     return target, draft
 
 
-def exact_distribution(target: np.ndarray, first: int) -> dict[tuple, float]:
-    """P(tokens 1..4) when the target alone samples with PARAMS, after token `first`."""
-    p = np.array(Sampler(PARAMS).probs(mx.array(target, dtype=mx.float32)))
+def exact_distribution(target: np.ndarray, first: int, params: SamplingParams = PARAMS
+                       ) -> dict[tuple, float]:
+    """P(tokens 1..4) when the target alone samples with `params`, after token `first`."""
+    p = np.array(Sampler(params).probs(mx.array(target, dtype=mx.float32)))
     out = {}
     for seq in itertools.product(range(V), repeat=TOKENS):
         prob, last = 1.0, first
@@ -116,13 +120,14 @@ def exact_distribution(target: np.ndarray, first: int) -> dict[tuple, float]:
 
 
 def sample_replies(target, draft, n: int, seed: int, fresh_lookup=None, block: int = 4,
-                   sizes: set | None = None) -> tuple[list[tuple], int]:
+                   sizes: set | None = None, params: SamplingParams = PARAMS
+                   ) -> tuple[list[tuple], int]:
     """-> (replies, cycles the lookup proposed); `fresh_lookup()`: the draft's suffix lookup
     for each reply (None: no lookup); `sizes` collects the verifies' lengths."""
     replies, looked_up = [], 0
     for i in range(n):
-        sampler = Sampler(SamplingParams(PARAMS.temperature, PARAMS.top_p, PARAMS.top_k,
-                                         PARAMS.min_p, seed=seed + i))
+        sampler = Sampler(SamplingParams(params.temperature, params.top_p, params.top_k,
+                                         params.min_p, seed=seed + i))
         if fresh_lookup is not None:
             draft.lookup = fresh_lookup()
         tokens: list[int] = []
@@ -271,6 +276,103 @@ def test_the_test_rejects_a_wrong_acceptance_rule(setup, monkeypatch):
     monkeypatch.setattr(Sampler, "accept", wrong_accept)
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
     replies, _ = sample_replies(target, draft, WRONG_SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) < 1e-6
+
+
+# -- DFlash2: the candidate selector's sequential draws ----------------------------------------
+DFLASH2_PARAMS = SamplingParams(temperature=0.8, top_k=5)
+
+
+class SelectorDraft(DraftProposer):
+    """A DFlash2 draft's proposer (`path_proposal`: its selector's path and the draws'
+    distributions) over fixed block outputs: the hidden states and logits that a real
+    random-weight DFlash2 draft gives its slots 1..3 after each staged token, over a token
+    subset (5 of 6 tokens), with the verify cut on."""
+
+    def __init__(self, target, selector, hidden, logits, ids: list[int],
+                 min_confidence: float | None):
+        self.target, self.selector = target, selector
+        self.hidden, self.logits = hidden, logits  # [V, 3, H], [V, 3, len(ids)]
+        self.head = DraftHead(None, mx.array(ids, dtype=mx.int32))
+        self.min_confidence, self.verify_lengths = min_confidence, ()
+        self.cache: list = []
+
+    @property
+    def tap_ids(self):
+        return []
+
+    def append_context(self, taps) -> None:
+        pass
+
+    def path_outputs(self, staged, size):
+        return self.hidden[staged, : size - 1], self.logits[staged, : size - 1]
+
+
+@pytest.fixture(scope="module")
+def dflash2_setup():
+    """A tiny 6-token llama target's adapter and a random DFlash2 draft for it (engine's own
+    forward), whose outputs after a fixed context become the proposer's tables; the Markov
+    target of `tables`, and its exact distribution at T = 0.8."""
+    from mlx_lm.models import llama
+    from tiny_pairs import SELECTOR_SCALE, TARGET_CONFIGS, _init_weights, tiny_dflash2_args
+
+    from engine.cycle import prefill
+    from engine.dflash2 import DFlash2Draft
+    from engine.targets import adapter_for
+
+    config = dict(TARGET_CONFIGS["llama"], vocab_size=V)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    _init_weights(model, 0)
+    adapter = adapter_for(model)
+    draft = DFlash2Draft(tiny_dflash2_args(config, V, V - 1, block_size=4, top_k=4, rank=8))
+    _init_weights(draft, 1)
+    for book in (draft.candidate_selector.predecessor_codebook,
+                 draft.candidate_selector.successor_codebook):
+        book.weight = book.weight * (SELECTOR_SCALE / 0.08)
+    real = DraftProposer(adapter, draft)
+    prefill(adapter, adapter.make_cache(), [1, 2, 3, 4, 0, 2, 5, 1], 8, real)
+    outputs = [real.path_outputs(s, 4) for s in range(V)]
+    ids = list(range(1, V))
+    hidden = mx.stack([h for h, _ in outputs])
+    logits = mx.stack([out for _, out in outputs])[..., mx.array(ids)]
+    target_table, _ = tables()
+    proposer = SelectorDraft(MarkovTarget(target_table), draft.candidate_selector, hidden,
+                             logits, ids, min_confidence=0.3)
+    return proposer, exact_distribution(target_table, 2, DFLASH2_PARAMS)
+
+
+def marginal_q_walk(walk):
+    """The selector's walk with a plausible mistake: each slot's q the processed softmax of
+    its candidates' logits alone, as if the draws ignored the token drawn before them."""
+
+    def wrong(self, hidden, logits, staged, head, sampler=None):
+        path = walk(self, hidden, logits, staged, head, sampler)
+        if sampler is not None:
+            k = path.candidates.shape[1]
+            index = mx.argpartition(logits, -k, axis=-1)[..., -k:]
+            path.q = sampler.probs(mx.take_along_axis(logits, index, axis=-1))
+        return path
+
+    return wrong
+
+
+def test_dflash2_paths_keep_the_target_distribution(dflash2_setup):
+    """Speculative sampling against the selector's own q (each slot's draw given the one
+    before it) keeps the target's distribution at T = 0.8. The same test catches a q that
+    ignores the selector's edges (next test; on 3,000 replies p was 0.74 against 1e-173)."""
+    proposer, expected = dflash2_setup
+    replies, _ = sample_replies(proposer.target, proposer, SAMPLES // 4, seed=0,
+                                params=DFLASH2_PARAMS)
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_the_test_rejects_a_wrong_selector_q(dflash2_setup, monkeypatch):
+    from engine.dflash2 import CandidateSelector
+
+    monkeypatch.setattr(CandidateSelector, "walk", marginal_q_walk(CandidateSelector.walk))
+    proposer, expected = dflash2_setup
+    replies, _ = sample_replies(proposer.target, proposer, WRONG_SAMPLES // 2, seed=0,
+                                params=DFLASH2_PARAMS)
     assert chi_square_pvalue(replies, expected) < 1e-6
 
 

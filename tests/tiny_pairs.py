@@ -14,6 +14,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from engine.cycle import DraftProposer
+from engine.dflash2 import DFlash2Args, DFlash2Draft, stored_weights
 from engine.draft import DFlashDraft, DraftArgs, default_tap_ids
 
 CHAT_TEMPLATE = (
@@ -157,6 +158,54 @@ def make_tiny_pair(tmp_dir: Path, family: str = "llama", seed: int = 0,
     draft = DFlashDraft(tiny_draft_args(config, vocab, mask_id, block_size=block_size))
     _init_weights(draft, seed + 1)
     return target_dir, save_draft(draft, tmp_dir / f"{name}-dflash")
+
+
+def tiny_dflash2_args(target_config: dict, vocab: int, mask_id: int, block_size: int = 8,
+                      window: int | None = 6, layer_types: list[str] | None = None,
+                      is_causal: bool | None = False, top_k: int = 8, rank: int = 16
+                      ) -> DFlash2Args:
+    """A small DFlash2 draft's args in the published shape: every layer in a sliding window
+    (`window` None: full attention) with a bidirectional block, unless told otherwise."""
+    base = vars(tiny_draft_args(target_config, vocab, mask_id, block_size=block_size))
+    base.update(layer_types=layer_types or [
+        "sliding_attention" if window else "full_attention"] * base["num_hidden_layers"],
+        sliding_window=window, rope_theta=10000.0, extra={})
+    return DFlash2Args(**base, conv_kernel_size=2, conv_group_size=16, selector_rank=rank,
+                       selector_top_k=top_k, is_causal=is_causal)
+
+
+def save_dflash2(draft: DFlash2Draft, out_dir: Path) -> Path:
+    """Write a DFlash2 draft in z-lab's layout: config.json + model.safetensors, the selector's
+    codebooks stored without `.weight`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(draft.args.to_config(), indent=2))
+    mx.save_safetensors(str(out_dir / "model.safetensors"),
+                        stored_weights(dict(tree_flatten(draft.parameters()))))
+    return out_dir
+
+
+SELECTOR_SCALE = 1.0  # codebooks this large make the edges move the path off the argmax
+
+
+def make_tiny_dflash2(tmp_dir: Path, family: str = "llama", seed: int = 0,
+                      name: str = "dflash2", **shape) -> tuple[Path, Path]:
+    """-> (target_dir, draft_dir): the tiny `family` target (as make_tiny_pair's) and a
+    random-weight DFlash2 draft for it in z-lab's layout; `shape` as for tiny_dflash2_args."""
+    tmp_dir = Path(tmp_dir)
+    target_dir = tmp_dir / f"tiny-{family}"
+    if not (target_dir / "model.safetensors").is_file():
+        make_tiny_target(target_dir, family, seed)
+    config = json.loads((target_dir / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]
+    mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|mask|>")
+    draft = DFlash2Draft(tiny_dflash2_args(config, vocab, mask_id, **shape))
+    _init_weights(draft, seed + 2)
+    selector = draft.candidate_selector
+    for book in (selector.predecessor_codebook, selector.successor_codebook):
+        book.weight = book.weight * (SELECTOR_SCALE / 0.08)
+    mx.eval(draft.parameters())
+    return target_dir, save_dflash2(draft, tmp_dir / f"tiny-{family}-{name}")
 
 
 class TruthOracle(DraftProposer):
