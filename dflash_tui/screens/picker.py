@@ -28,18 +28,22 @@ STATUS_STYLE = {
 }
 STATE_WIDTH = 10  # "no network"
 FAMILY_WIDTH = 11  # "gated_delta"
+ARCH_WIDTH = 7  # "DFlash2"
 NOTE_WIDTH = (12, 24)  # the note wraps inside this
 WIDE = 100  # from this many columns the Family column fits too
+ARCH_WIDE = 120  # and from this many the Arch column
 MIN_ID = 12
 
 
 def column_widths(total: int, rows: list[PairRow]) -> dict[str, int]:
     """Cell widths that fill `total` columns (DataTable pads each cell by 1 on both sides).
-    Narrow screens drop Family and Note from the table: the line under it shows the
-    highlighted pair's note and full ids."""
-    wide = total >= WIDE - 8
-    names = ["Target", "Draft", "Family", "State", "Note"] if wide else ["Target", "Draft", "State"]
-    room = total - 2 * len(names) - STATE_WIDTH - (FAMILY_WIDTH if wide else 0)
+    Narrower screens drop Arch, then Family and Note from the table: the line under it shows
+    the highlighted pair's note, draft architecture and full ids."""
+    wide, arch = total >= WIDE - 8, total >= ARCH_WIDE - 8
+    names = ["Target", "Draft", *(["Arch"] if arch else []),
+             *(["Family", "State", "Note"] if wide else ["State"])]
+    room = (total - 2 * len(names) - STATE_WIDTH - (FAMILY_WIDTH if wide else 0)
+            - (ARCH_WIDTH if arch else 0))
     note = 0
     if wide:
         longest_note = max((len(r.note) for r in rows), default=0)
@@ -52,8 +56,8 @@ def column_widths(total: int, rows: list[PairRow]) -> dict[str, int]:
     max_t = max((len(r.target) for r in rows), default=MIN_ID)
     max_d = max((len(r.draft or "") for r in rows), default=MIN_ID)
     target = max(MIN_ID, min(max_t, max(room // 2, room - max_d)))
-    widths = {"Target": target, "Draft": max(MIN_ID, room - target), "Family": FAMILY_WIDTH,
-              "State": STATE_WIDTH, "Note": note}
+    widths = {"Target": target, "Draft": max(MIN_ID, room - target), "Arch": ARCH_WIDTH,
+              "Family": FAMILY_WIDTH, "State": STATE_WIDTH, "Note": note}
     return {name: widths[name] for name in names}
 
 
@@ -143,6 +147,7 @@ class PickerScreen(ModalScreen[None]):
             cells = {
                 "Target": Text(fit_id(r.target, self._widths["Target"])),
                 "Draft": Text(fit_id(r.draft or "—", self._widths["Draft"])),
+                "Arch": r.architecture,
                 "Family": r.family,
                 "State": state_cell(r),
                 "Note": Text(r.note, overflow="fold"),
@@ -162,6 +167,8 @@ class PickerScreen(ModalScreen[None]):
             text.append(row.target)
             text.append("\ndraft  ", style="dim")
             text.append(row.draft or "—")
+            if row.draft:
+                text.append(f"  ({row.architecture})", style="dim")
             if row.note:
                 text.append("\nnote   ", style="dim")
                 text.append(row.note)

@@ -55,6 +55,11 @@ async def test_picker_fits_without_cutting_columns(no_hub_cache, width):
             assert {p.note for p in app.screen.rows} == notes
         else:
             assert width < 100
+        if "Arch" in columns:  # each pair's draft architecture, DFlash2 among them
+            arch = [row[columns.index("Arch")] for row in cells]
+            assert arch == [p.architecture for p in app.screen.rows] and "DFlash2" in arch
+        else:
+            assert width < 120
         for pair, row in zip(app.screen.rows, cells, strict=True):
             for model_id, shown in ((pair.target, row[0]), (pair.draft, row[1])):
                 # whole, or shortened visibly with an ellipsis: never silently cut
@@ -62,6 +67,7 @@ async def test_picker_fits_without_cutting_columns(no_hub_cache, width):
         # The full ids of the highlighted pair are under the table.
         detail = str(app.screen.query_one("#detail").render())
         assert app.screen.rows[0].target in detail and app.screen.rows[0].draft in detail
+        assert f"({app.screen.rows[0].architecture})" in detail
         table.move_cursor(row=1)  # the Qwen2.5-Coder pair: its download said in full
         await pilot.pause()
         detail = str(app.screen.query_one("#detail").render())
