@@ -13,7 +13,8 @@ target's embedding and lm_head) and adds two things:
 
 The published configs put every layer in a sliding window (`sliding_attention`) with a
 bidirectional block (`is_causal: false`): a block query at position t sees the context keys at
-positions above t - window, and the whole block. Architecture facts from z-lab's reference
+positions above t - window, and the whole block (`DraftAttention.block_mask`, as for DFlash
+drafts). Architecture facts from z-lab's reference
 (PyPI `dflash` 0.1.0, `dflash/model_mlx.py`); `scripts/check_zlab_reference.py` compares this
 module against it on the same weights.
 """
@@ -27,9 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from .draft import DFlashDraft, DraftArgs, DraftAttention, DraftLayer, block_attention
+from .draft import DFlashDraft, DraftArgs, DraftLayer
 from .draft_head import DraftHead
-from .kernels import cpu_linear
 from .sampling import Sampler
 
 ARCHITECTURE = "DFlash2DraftModel"
@@ -51,9 +51,6 @@ class DFlash2Args(DraftArgs):
     conv_group_size: int = 16
     selector_rank: int = 256
     selector_top_k: int = 16
-    # None: causal in sliding-window layers only (the reference's default when the key is
-    # absent); the published configs say false
-    is_causal: bool | None = None
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
@@ -77,7 +74,6 @@ class DFlash2Args(DraftArgs):
             conv_group_size=int(dflash["conv_group_size"]),
             selector_rank=int(dflash["selector_rank"]),
             selector_top_k=int(dflash["selector_top_k"]),
-            is_causal=config.get("is_causal"),
             input_embedding_scale=float(dflash.get("input_embedding_scale", 1.0)),
             output_multiplier=float(dflash.get("output_multiplier", 1.0)),
             final_logit_softcapping=None if softcap is None else float(softcap),
@@ -187,62 +183,11 @@ class DynamicConv(nn.Module):
         return causal_convolve(y, dynamic, self.base_kernel[1], self.group_size)
 
 
-class DFlash2Attention(DraftAttention):
-    """DraftAttention with the reference's masks: in a sliding-window layer block query i (at
-    position start + i) sees the context keys above start + i - window; `causal` blocks see
-    themselves causally."""
-
-    def __init__(self, args: DFlash2Args, sliding: bool):
-        super().__init__(args, sliding)
-        self.causal = sliding if args.is_causal is None else bool(args.is_causal)
-
-    def __call__(self, x: mx.array, cache: KVCache, start: int | mx.array, cpu: bool = False,
-                 context_mask: mx.array | None = None) -> mx.array:
-        if context_mask is not None:
-            raise ValueError("a DFlash2 draft runs on settled context only (no prefetch)")
-        B, L, _ = x.shape
-        q, k, v = (cpu_linear.linears(x, [self.q_proj, self.k_proj, self.v_proj]) if cpu
-                   else (self.q_proj(x), self.k_proj(x), self.v_proj(x)))
-        q = self.rope(self.q_norm(self._heads(q, self.n_heads)), offset=start)
-        k = self.rope(self.k_norm(self._heads(k, self.n_kv_heads)), offset=start)
-        v = self._heads(v, self.n_kv_heads)
-        ctx_k, ctx_v = cache.keys_and_values() if cache.offset else (k[:, :, :0], v[:, :, :0])
-        if self.window is not None:  # the last window - 1: what block slot 0 can see
-            first = max(0, ctx_k.shape[2] - self.window + 1)
-            ctx_k, ctx_v = ctx_k[:, :, first:], ctx_v[:, :, first:]
-        keys = mx.concatenate([ctx_k, k], axis=2)
-        values = mx.concatenate([ctx_v, v], axis=2)
-        mask = self.mask(ctx_k.shape[2], L)
-        if mask is None:
-            out = block_attention(q, keys, values, self.scale, cpu)
-        else:
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
-                                                       mask=mask[None, None])
-        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        return cpu_linear.linear(out, self.o_proj) if cpu else self.o_proj(out)
-
-    def mask(self, context: int, length: int) -> mx.array | None:
-        """Which keys ([the last `context` context entries; the block], bool [length, context +
-        length]) each block query sees; None: all of them."""
-        windowed = self.window is not None and context + length > self.window
-        if not windowed and not self.causal:
-            return None
-        query = mx.arange(length)[:, None]
-        key = mx.arange(context + length)[None]
-        # context entry j sits at position start - context + j, query i at start + i
-        seen = key >= context + query - self.window + 1 if windowed else key >= 0
-        block = key >= context
-        if self.causal:
-            block = block & (key - context <= query)
-        return mx.where(key < context, seen, block)
-
-
 class DFlash2Layer(DraftLayer):
     """A DFlash layer with its attention and its MLP each inside a `DynamicConv`."""
 
     def __init__(self, args: DFlash2Args, sliding: bool):
         super().__init__(args, sliding)
-        self.self_attn = DFlash2Attention(args, sliding)
         self.attention_conv = DynamicConv(args.hidden_size, args.conv_kernel_size,
                                           args.conv_group_size)
         self.mlp_conv = DynamicConv(args.hidden_size, args.conv_kernel_size,

@@ -58,6 +58,9 @@ class DraftArgs:
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     attention_bias: bool = False
+    # Whether a block sees itself causally; None: in sliding-window layers only (z-lab's
+    # reference reads an absent `is_causal` so)
+    is_causal: bool | None = None
     # Taps (from the first) of the anchor token itself the draft sees: the engine runs the
     # target's first layers on the anchor before each draft forward (0: the published
     # recipe, context strictly before the anchor)
@@ -120,6 +123,7 @@ class DraftArgs:
             layer_types=config.get("layer_types"),
             sliding_window=config.get("sliding_window"),
             attention_bias=bool(config.get("attention_bias", False)),
+            is_causal=config.get("is_causal"),
             anchor_peek=int(dflash.get("anchor_peek", 0)),
             chain_units=int(dflash.get("chain_units", 0)),
             chain_candidates=int(dflash.get("chain_candidates", 8)),
@@ -163,6 +167,8 @@ class DraftArgs:
         if self.layer_types:
             cfg["layer_types"] = self.layer_types
             cfg["sliding_window"] = self.sliding_window
+        if self.is_causal is not None:
+            cfg["is_causal"] = self.is_causal
         return cfg
 
 
@@ -185,6 +191,7 @@ class DraftAttention(nn.Module):
             hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
         )
         self.window = args.sliding_window if sliding else None
+        self.causal = sliding if args.is_causal is None else bool(args.is_causal)
 
     def _heads(self, x: mx.array, n: int) -> mx.array:
         B, L, _ = x.shape
@@ -204,7 +211,7 @@ class DraftAttention(nn.Module):
                  context_mask: mx.array | None = None) -> mx.array:
         """`context_mask` [context length] (bool): the cached context entries the block sees
         (a prefetched block's context still holds the verify's rejected positions); None: all
-        of them."""
+        of them, within a sliding window's reach (`block_mask`)."""
         B, L, _ = x.shape
         q, k, v = (cpu_linear.linears(x, [self.q_proj, self.k_proj, self.v_proj]) if cpu
                    else (self.q_proj(x), self.k_proj(x), self.v_proj(x)))
@@ -212,18 +219,39 @@ class DraftAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(k, self.n_kv_heads)), offset=start)
         v = self._heads(v, self.n_kv_heads)
         ctx_k, ctx_v = cache.keys_and_values() if cache.offset else (k[:, :, :0], v[:, :, :0])
-        if self.window is not None:
-            ctx_k, ctx_v = ctx_k[:, :, -self.window:], ctx_v[:, :, -self.window:]
+        if self.window is not None:  # the last window - 1: all that block slot 0 sees
+            first = max(0, ctx_k.shape[2] - self.window + 1)
+            ctx_k, ctx_v = ctx_k[:, :, first:], ctx_v[:, :, first:]
         keys = mx.concatenate([ctx_k, k], axis=2)
         values = mx.concatenate([ctx_v, v], axis=2)
+        mask = self.block_mask(ctx_k.shape[2], L)
         if context_mask is not None:
-            mask = mx.concatenate([context_mask, mx.ones((L,), dtype=mx.bool_)])
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
-                                                       mask=mask[None, None, None])
-        else:  # the block is bidirectional and sees all of its context
+            seen = mx.concatenate([context_mask, mx.ones((L,), dtype=mx.bool_)])[None]
+            mask = seen if mask is None else mask & seen
+        if mask is None:  # a bidirectional block that sees all of its context
             out = block_attention(q, keys, values, self.scale, cpu)
+        else:
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
+                                                       mask=mask[None, None])
         out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
         return cpu_linear.linear(out, self.o_proj) if cpu else self.o_proj(out)
+
+    def block_mask(self, context: int, length: int) -> mx.array | None:
+        """Which keys ([the last `context` context entries; the block], bool [length, context
+        + length]) each block query sees, as z-lab's reference has it: in a sliding-window
+        layer query i (at position start + i) sees the context above start + i - window, and
+        a causal block sees itself causally. None: every key."""
+        windowed = self.window is not None and context + length > self.window
+        if not windowed and not self.causal:
+            return None
+        query = mx.arange(length)[:, None]
+        key = mx.arange(context + length)[None]
+        # context entry j sits at position start - context + j, query i at start + i
+        seen = key >= context + query - self.window + 1 if windowed else key >= 0
+        block = key >= context
+        if self.causal:
+            block = block & (key - context <= query)
+        return mx.where(key < context, seen, block)
 
 
 def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cpu: bool) -> mx.array:

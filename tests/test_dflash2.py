@@ -173,12 +173,14 @@ def convolve(x, dynamic, base, group):
 
 
 def plain_block(weights, cfg, features, embedded, start):
-    """DFlash2's forward written out: context `features` [T, n_taps * H] at positions
-    0..T-1, the block's embeddings [B, H] at start.. -> normed hidden states [B, H]."""
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
+    """DFlash2's forward written out (DFlash's without the convolutions): context `features`
+    [T, n_taps * H] at positions 0..T-1, the block's embeddings [B, H] at start.. -> normed
+    hidden states [B, H]."""
+    eps = cfg["rms_norm_eps"]
+    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     dflash = cfg["dflash_config"]
-    K, group = dflash["conv_kernel_size"], dflash["conv_group_size"]
+    K, group = dflash.get("conv_kernel_size"), dflash.get("conv_group_size")
     ctx = rms(features @ weights["fc.weight"].T, weights["hidden_norm.weight"], eps)
     T, B = len(ctx), len(embedded)
     positions = np.concatenate([np.arange(T), start + np.arange(B)])
@@ -190,6 +192,8 @@ def plain_block(weights, cfg, features, embedded, start):
         causal = sliding if cfg.get("is_causal") is None else cfg["is_causal"]
 
         def conv(name, y, dynamic=None, w=w):
+            if f"{name}.base_kernel" not in w:  # a DFlash layer: no convolutions
+                return (y, ()) if dynamic is None else y
             if dynamic is None:
                 dyn = (y @ w[f"{name}.kernel_projection.weight"].T).reshape(B, 2, K, -1)
                 return convolve(y, dyn[:, 0], w[f"{name}.base_kernel"][0], group), dyn[:, 1]
@@ -279,6 +283,31 @@ def test_forward_and_path_match_a_plain_recomputation(tiny_dflash2, family):
         assert verify_in[0].tolist() == [staged, *path]
         off_argmax += sum(p != a for p, a in zip(path, plain_logits.argmax(-1), strict=True))
     assert off_argmax > 0
+
+
+def test_dflash_sliding_layers_match_a_plain_recomputation(tiny_pairs, tmp_path):
+    """DFlash drafts share the masks: a sliding-window layer (its block causal, as z-lab's
+    newer DFlash configs have it) then a full one, at a context longer than the window."""
+    from tiny_pairs import sliding_dflash
+
+    target, draft = tiny_pairs("qwen3")
+    folder = sliding_dflash(target, draft, tmp_path / "sliding")
+    rt = runtime((target, folder))
+    cfg = json.loads((folder / "config.json").read_text())
+    weights = {k: np.array(v, dtype=np.float64)
+               for k, v in mx.load(str(folder / "model.safetensors")).items()}
+    ids = rt.encode(PROMPT)
+    proposer = DraftProposer(rt.target, rt.draft)
+    staged = int(mx.argmax(prefill(rt.target, rt.target.make_cache(), ids, 5, proposer)))
+    B = rt.draft.args.block_size
+    logits = proposer.draft_logits(staged, B)[0]
+    _, taps = rt.target.forward(mx.array([ids]), rt.target.make_cache(),
+                                rt.draft.args.target_layer_ids)
+    block = mx.array([[staged] + [rt.draft.args.mask_token_id] * (B - 1)])
+    states = plain_block(weights, cfg, np.array(taps[0], dtype=np.float64),
+                         np.array(rt.target.embed(block)[0], dtype=np.float64), len(ids))
+    plain_logits = np.array(rt.target.lm_head(mx.array(states[1:], dtype=mx.float32)))
+    assert np.abs(np.array(logits) - plain_logits).max() < 1e-4
 
 
 def test_sampled_paths_carry_their_draws_distributions(tiny_dflash2):

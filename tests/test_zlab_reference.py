@@ -37,25 +37,29 @@ def test_dflash2_matches_the_reference(tiny_dflash2, family, capsys):
 
 
 @needs_reference
-def test_other_shapes_match_the_reference(tiny_dflash2, tiny_pairs, capsys):
+def test_other_shapes_match_the_reference(tiny_dflash2, tiny_pairs, tmp_path, capsys):
     """A DFlash2 draft with a full-attention layer and no is_causal (the reference then makes
-    sliding layers causal), and a DFlash draft."""
+    sliding layers causal); DFlash drafts, with full attention and with a sliding window."""
+    from tiny_pairs import sliding_dflash
+
     target, mixed = tiny_dflash2("qwen3", "mixed", layer_types=[
         "sliding_attention", "full_attention"], is_causal=None)
     code, out, _ = run(capsys, mixed, target, "--reference", REFERENCE)
     assert code == 0 and "paths identical at every check" in out
     target, draft = tiny_pairs("llama")
-    code, out, _ = run(capsys, draft, target, "--reference", REFERENCE)
-    assert "(DFlash; ours: DFlashDraft)" in out
-    assert code == 0 and "paths identical at every check" in out
+    for folder in (draft, sliding_dflash(target, draft, tmp_path / "sliding")):
+        code, out, _ = run(capsys, folder, target, "--reference", REFERENCE)
+        assert "(DFlash; ours: DFlashDraft)" in out
+        assert "within tolerance" in out and "paths identical at every check" in out
+        assert code == 0
 
 
 @needs_reference
 def test_a_wrong_draft_is_caught(tiny_dflash2, capsys, monkeypatch):
     """Ours without the sliding window's mask: the checker says so and exits 1."""
-    from engine.dflash2 import DFlash2Attention
+    from engine.draft import DraftAttention
 
-    monkeypatch.setattr(DFlash2Attention, "mask", lambda self, context, length: None)
+    monkeypatch.setattr(DraftAttention, "block_mask", lambda self, context, length: None)
     target, draft = tiny_dflash2("llama")
     code, out, _ = run(capsys, draft, target, "--reference", REFERENCE)
     assert code == 1 and "OVER tolerance" in out and "paths DIFFER" in out

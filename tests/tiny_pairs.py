@@ -169,9 +169,9 @@ def tiny_dflash2_args(target_config: dict, vocab: int, mask_id: int, block_size:
     base = vars(tiny_draft_args(target_config, vocab, mask_id, block_size=block_size))
     base.update(layer_types=layer_types or [
         "sliding_attention" if window else "full_attention"] * base["num_hidden_layers"],
-        sliding_window=window, rope_theta=10000.0, extra={})
+        sliding_window=window, rope_theta=10000.0, is_causal=is_causal, extra={})
     return DFlash2Args(**base, conv_kernel_size=2, conv_group_size=16, selector_rank=rank,
-                       selector_top_k=top_k, is_causal=is_causal)
+                       selector_top_k=top_k)
 
 
 def save_dflash2(draft: DFlash2Draft, out_dir: Path) -> Path:
@@ -206,6 +206,18 @@ def make_tiny_dflash2(tmp_dir: Path, family: str = "llama", seed: int = 0,
         book.weight = book.weight * (SELECTOR_SCALE / 0.08)
     mx.eval(draft.parameters())
     return target_dir, save_dflash2(draft, tmp_dir / f"tiny-{family}-{name}")
+
+
+def sliding_dflash(target_dir: Path, draft_dir: Path, out_dir: Path, window: int = 6,
+                   seed: int = 5) -> Path:
+    """A random DFlash draft like `draft_dir`'s with the layers of z-lab's newer DFlash drafts:
+    a sliding window (`window`) then full attention, no `is_causal` (so the sliding layer's
+    block is causal)."""
+    args = DraftArgs.from_config(json.loads((draft_dir / "config.json").read_text()))
+    args.layer_types, args.sliding_window = ["sliding_attention", "full_attention"], window
+    draft = DFlashDraft(args)
+    _init_weights(draft, seed)
+    return save_draft(draft, out_dir)
 
 
 class TruthOracle(DraftProposer):
