@@ -20,6 +20,7 @@ from .cycle import (
     prefill,
     speculative_decode,
 )
+from .dflash2 import DFlash2Draft
 from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
@@ -99,6 +100,9 @@ class DFlashRuntime:
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
                           if not (self.branches or self.siblings or self.pipeline
                                   or lockstep is not None) else None)
+        if isinstance(draft, DFlash2Draft):  # it proposes its selector's path alone (cycle.py)
+            self.branches = self.siblings = self.copy_odds = None
+            self.draft_tree = False
         # A draft's token chain rescores its greedy proposals
         self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain
         # Sharded targets keep every rank's forward in lockstep: no early queueing there

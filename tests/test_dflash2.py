@@ -100,8 +100,10 @@ def test_a_folder_loads_unchanged(tiny_dflash2):
     loaded = stored_weights(dict(tree_flatten(draft.parameters())))
     assert set(loaded) == set(stored)
     assert all(mx.array_equal(loaded[k], stored[k]) for k in stored)
-    rt = runtime((target, folder))
+    # it proposes its selector's path alone: no prefetch, pipeline or context copy
+    rt = runtime((target, folder), copy_odds=0.1)
     assert isinstance(rt.draft, DFlash2Draft) and not rt.prefetch_draft and not rt.pipeline
+    assert rt.copy_odds is None
 
 
 def edited(folder, tmp_path, name, config=None, weights=None):
@@ -251,12 +253,26 @@ def plain_path(weights, hidden, logits, staged, top_k, temperature=None, draws=N
     return path, rows
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_forward_and_path_match_a_plain_recomputation(tiny_dflash2, family):
+SCALES = {"input_embedding_scale": 1.5, "output_multiplier": 0.5,
+          "final_logit_softcapping": 2.0}  # config keys some DFlash2 checkpoints carry
+
+
+def plain_logits_of(rt, cfg, states):
+    """The target's head on the draft's states, then the draft's own scaling and cap."""
+    logits = np.array(rt.target.lm_head(mx.array(states, dtype=mx.float32)), dtype=np.float64)
+    logits = logits * cfg["dflash_config"].get("output_multiplier", 1.0)
+    cap = cfg["dflash_config"].get("final_logit_softcapping")
+    return np.tanh(logits / cap) * cap if cap else logits
+
+
+@pytest.mark.parametrize("family, name", [(f, "dflash2") for f in FAMILIES]
+                         + [("llama", "scaled")])
+def test_forward_and_path_match_a_plain_recomputation(tiny_dflash2, family, name):
     """Block logits within 1e-4 (float32 against float64) and the same greedy path, at
     contexts longer than the sliding window (6) so its masks count; the path leaves each
-    slot's argmax somewhere, so the selector is really compared."""
-    target, folder = tiny_dflash2(family)
+    slot's argmax somewhere, so the selector is really compared. `scaled`: with the
+    embedding scale, logit multiplier and soft cap a config may set."""
+    target, folder = tiny_dflash2(family, name, **(SCALES if name == "scaled" else {}))
     rt = runtime((target, folder))
     cfg = json.loads((folder / "config.json").read_text())
     weights = {k: np.array(v, dtype=np.float64)
@@ -273,9 +289,10 @@ def test_forward_and_path_match_a_plain_recomputation(tiny_dflash2, family):
         _, taps = rt.target.forward(mx.array([context]), rt.target.make_cache(),
                                     rt.draft.args.target_layer_ids)
         block = mx.array([[staged] + [rt.draft.args.mask_token_id] * (B - 1)])
+        embedded = np.array(rt.target.embed(block)[0], dtype=np.float64)
         states = plain_block(weights, cfg, np.array(taps[0], dtype=np.float64),
-                             np.array(rt.target.embed(block)[0], dtype=np.float64), n)
-        plain_logits = np.array(rt.target.lm_head(mx.array(states[1:], dtype=mx.float32)))
+                             embedded * cfg["dflash_config"].get("input_embedding_scale", 1), n)
+        plain_logits = plain_logits_of(rt, cfg, states[1:])
         assert np.abs(np.array(logits) - plain_logits).max() < 1e-4
         assert np.abs(np.array(hidden) - states[1:]).max() < 1e-4
         path, _ = plain_path(weights, states[1:], plain_logits, staged,

@@ -39,12 +39,17 @@ def test_dflash2_matches_the_reference(tiny_dflash2, family, capsys):
 @needs_reference
 def test_other_shapes_match_the_reference(tiny_dflash2, tiny_pairs, tmp_path, capsys):
     """A DFlash2 draft with a full-attention layer and no is_causal (the reference then makes
-    sliding layers causal); DFlash drafts, with full attention and with a sliding window."""
+    sliding layers causal), one that scales its inputs and logits and caps them; DFlash
+    drafts, with full attention and with a sliding window."""
     from tiny_pairs import sliding_dflash
 
     target, mixed = tiny_dflash2("qwen3", "mixed", layer_types=[
         "sliding_attention", "full_attention"], is_causal=None)
     code, out, _ = run(capsys, mixed, target, "--reference", REFERENCE)
+    assert code == 0 and "paths identical at every check" in out
+    target, scaled = tiny_dflash2("llama", "scaled", input_embedding_scale=1.5,
+                                  output_multiplier=0.5, final_logit_softcapping=2.0)
+    code, out, _ = run(capsys, scaled, target, "--reference", REFERENCE)
     assert code == 0 and "paths identical at every check" in out
     target, draft = tiny_pairs("llama")
     for folder in (draft, sliding_dflash(target, draft, tmp_path / "sliding")):

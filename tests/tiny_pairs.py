@@ -162,16 +162,17 @@ def make_tiny_pair(tmp_dir: Path, family: str = "llama", seed: int = 0,
 
 def tiny_dflash2_args(target_config: dict, vocab: int, mask_id: int, block_size: int = 8,
                       window: int | None = 6, layer_types: list[str] | None = None,
-                      is_causal: bool | None = False, top_k: int = 8, rank: int = 16
-                      ) -> DFlash2Args:
+                      is_causal: bool | None = False, top_k: int = 8, rank: int = 16,
+                      **scales: float) -> DFlash2Args:
     """A small DFlash2 draft's args in the published shape: every layer in a sliding window
-    (`window` None: full attention) with a bidirectional block, unless told otherwise."""
+    (`window` None: full attention) with a bidirectional block, unless told otherwise;
+    `scales`: input_embedding_scale, output_multiplier, final_logit_softcapping."""
     base = vars(tiny_draft_args(target_config, vocab, mask_id, block_size=block_size))
     base.update(layer_types=layer_types or [
         "sliding_attention" if window else "full_attention"] * base["num_hidden_layers"],
         sliding_window=window, rope_theta=10000.0, is_causal=is_causal, extra={})
     return DFlash2Args(**base, conv_kernel_size=2, conv_group_size=16, selector_rank=rank,
-                       selector_top_k=top_k)
+                       selector_top_k=top_k, **scales)
 
 
 def save_dflash2(draft: DFlash2Draft, out_dir: Path) -> Path:
