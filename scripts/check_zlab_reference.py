@@ -8,7 +8,8 @@ DRAFT_DIR is a DFlash or DFlash2 draft folder or hub id; TARGET its target (defa
 registry's target for that draft). `--reference` (or $DFLASH_ZLAB_REFERENCE) is the folder the
 wheel was unzipped into, holding dflash/model_mlx.py.
 
-Both sides load the same checkpoints, cast to `--dtype` (default float32). For each of
+Both sides run the one loaded target and the same draft checkpoint, in `--dtype` (default
+float32; the target is loaded once, so a bf16 check needs the target's bf16 size). For each of
 `--checks` contexts (the prompt, then the prompt plus more and more of the target's greedy
 continuation) each builds the draft's block [target's next token, mask x (B - 1)] from a fresh
 prefill and proposes: z-lab's `load_draft`, target hooks and `propose` (DFlash2: the candidate
@@ -141,7 +142,7 @@ def default_target(draft: str) -> str:
 def check(args: argparse.Namespace) -> int:
     from engine.config import DFlashConfig
     from engine.errors import DFlashError
-    from engine.loading import load_target, resolve_local
+    from engine.loading import resolve_local
     from engine.runtime import DFlashRuntime
 
     target_id = args.target or default_target(args.draft)
@@ -155,7 +156,7 @@ def check(args: argparse.Namespace) -> int:
                                 lookup_min_match=None))
     except DFlashError as exc:
         raise CheckError(str(exc)) from exc
-    model, _, _ = load_target(target_id, args.dtype)  # the reference's own copy
+    model = runtime.model  # one copy: the reference hooks its layers only while it runs
     zlab = reference_draft(ref, draft_dir, model, dtype)
     kind = "DFlash2" if isinstance(zlab, ref.DFlash2DraftModel) else "DFlash"
     ours = type(runtime.draft).__name__
