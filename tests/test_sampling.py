@@ -283,29 +283,19 @@ def test_the_test_rejects_a_wrong_acceptance_rule(setup, monkeypatch):
 DFLASH2_PARAMS = SamplingParams(temperature=0.8, top_k=5)
 
 
-class SelectorDraft(DraftProposer):
+class SelectorDraft(MarkovDraft):
     """A DFlash2 draft's proposer (`path_proposal`: its selector's path and the draws'
-    distributions) over fixed block outputs: the hidden states and logits that a real
-    random-weight DFlash2 draft gives its slots 1..3 after each staged token, over a token
-    subset (5 of 6 tokens), with the verify cut on."""
+    distributions) over fixed block outputs: the hidden states [V, 3, H] and logits (the
+    table) that a real random-weight DFlash2 draft gives its slots 1..3 after each staged
+    token, over a token subset (5 of 6 tokens), with the verify cut on."""
 
     def __init__(self, target, selector, hidden, logits, ids: list[int],
                  min_confidence: float | None):
-        self.target, self.selector = target, selector
-        self.hidden, self.logits = hidden, logits  # [V, 3, H], [V, 3, len(ids)]
-        self.head = DraftHead(None, mx.array(ids, dtype=mx.int32))
-        self.min_confidence, self.verify_lengths = min_confidence, ()
-        self.cache: list = []
-
-    @property
-    def tap_ids(self):
-        return []
-
-    def append_context(self, taps) -> None:
-        pass
+        super().__init__(np.array(logits), ids, min_confidence)
+        self.target, self.selector, self.hidden = target, selector, hidden
 
     def path_outputs(self, staged, size):
-        return self.hidden[staged, : size - 1], self.logits[staged, : size - 1]
+        return self.hidden[staged, : size - 1], self.table[staged, : size - 1]
 
 
 @pytest.fixture(scope="module")
