@@ -42,7 +42,7 @@ PAIRS: tuple[ModelPair, ...] = (
     ModelPair(DEFAULT_TARGET, "smollm2-135m-instruct-dflash", "attention",
               "offline default; draft trained by us", True, "smollm2", ("smollm2",)),
     ModelPair("Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b-instruct-dflash",
-              "attention", "offline (Q4_K_M from PyPI); draft trained by us", True,
+              "attention", "offline (Q4_K_M from PyPI); early draft trained by us", True,
               "qwen2.5-coder-1.5b", ("qwen2.5-coder-1.5b",)),
     ModelPair("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", "gated_delta"),
     ModelPair("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", "gated_delta"),
