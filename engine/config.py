@@ -61,8 +61,8 @@ class DFlashConfig:
     # a verify of up to this many tokens, past the draft's block: a loop runs on, and one
     # verify of N tokens costs less than the N / block cycles it replaces. On the 2-core CPU
     # it lifts tokens/cycle but not speed (its long verifies cost as much as they save:
-    # benchmarks/stage29/), so it is off until a GPU measures it. Host-driven cycles (not
-    # --pipeline). None: the block's size. Lossless: the target verifies the repeat.
+    # benchmarks/stage29/), so it is off until a GPU measures it. None: the
+    # block's size. Lossless: the target verifies the repeat.
     lookup_span: int | None = None
     # Queue each cycle's next draft forward before the cycle's one host sync, on the verify's
     # outputs still on the device, so that the device can draft while the host reads the
@@ -107,14 +107,6 @@ class DFlashConfig:
     # where it is not. Greedy, pure-attention targets, draft proposals; a host sync before
     # each verify. Lossless: the target verifies every token of the tree.
     draft_tree: bool = False
-    # Pipeline greedy whole-block cycles (engine/pipeline.py): the next cycle is built and
-    # queued before this one's commit is read, so that the host's graph building overlaps the
-    # device's work, as in plain decoding; rejected positions stay in the caches behind a mask
-    # until they are compacted. Pure-attention targets; the suffix lookup runs on the device.
-    # Rounds differently from plain decoding (lossless under the near-tie rule, not bit for
-    # bit in float32). Off: on the H200 its masked verify cost more than the overlap saved
-    # (benchmarks/stage20/).
-    pipeline: bool = False
     # Finish greedy one-row draft proposals from the context (engine/cycle.py:
     # copied_proposal): slot by slot, the token that followed the longest earlier n-gram the
     # context and the block so far end with replaces the draft's top token where the draft
@@ -194,9 +186,6 @@ class DFlashConfig:
         if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync), False or 'auto'")
-        if not isinstance(self.pipeline, bool):
-            raise ConfigError(f"pipeline={self.pipeline!r}: use True (queue each cycle before "
-                              "the last one's commit is read) or False")
         if not isinstance(self.compiled_verify, bool):
             raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
                               "compiled forward per full-block verify) or False")
@@ -316,11 +305,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "nodes from its top tokens per slot, a long row where it is sure, its "
                         "runner-ups where not (with the verify cut, the cut's length; greedy, "
                         "llama/qwen2/qwen3 targets; default off)")
-    p.add_argument("--pipeline", choices=["on", "off"], default="off",
-                   help="queue each greedy cycle before the last one's commit is read "
-                        "(whole blocks: on a CPU add --min-confidence off; llama/qwen2/qwen3 "
-                        "targets; meant for GPUs at checkpoint precision; slower on the "
-                        "H200; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -439,7 +423,6 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, siblings=args.siblings,
                         draft_tree=args.draft_tree == "on",
-                        pipeline=args.pipeline == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         lookup_span=args.lookup_span,
                         copy_odds=args.copy_odds, refine=args.refine,

@@ -712,33 +712,6 @@ class DraftProposer:
         return drafted_proposal(staged, self.draft_logits(staged, size), self.output_head,
                                 self.min_confidence, self.verify_lengths)
 
-    def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
-                       size: int, repeats: Sequence[tuple[mx.array, mx.array]] = ()
-                       ) -> tuple[mx.array, bool | mx.array]:
-        """A pipelined cycle's proposal (engine/pipeline.py), all on the device: the draft's
-        top tokens on [staged, mask x (size - 1)] at `position` (a scalar), seeing the
-        context entries that `visible` holds; with the lookup's `repeats` (found, tokens
-        [size - 1]) for its long and its short matches, as `propose` chooses (the short
-        match's choice needs the full head). -> (verify input [1, size], whether a repeat
-        was taken)."""
-        block = self.staged_block(staged, size)
-        logits = self.block_logits(
-            block, lambda embedded: self.draft.forward_at(embedded, self.cache, position,
-                                                          visible))
-        tokens = self.output_head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)
-        took: bool | mx.array = False
-        if len(repeats) > 1 and self.output_head.ids is None:  # a short match: the draft picks
-            found, repeat = repeats[1]
-            probs = mx.softmax(logits[0], axis=-1, precise=True)
-            took = found & repeat_wins(probs, mx.take_along_axis(probs, repeat[:, None],
-                                                                 axis=-1)[:, 0])
-            tokens = mx.where(took, repeat, tokens)
-        if repeats:  # a long match: its repeat
-            found, repeat = repeats[0]
-            took = found | took
-            tokens = mx.where(found, repeat, tokens)
-        return mx.concatenate([block[0, :1], tokens])[None], took
-
     def _take_prefetched(self, size: int) -> mx.array | None:
         """The prefetched draft logits for a block of `size` (None when there are none)."""
         logits, self._prefetched = self._prefetched, None

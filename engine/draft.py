@@ -346,14 +346,12 @@ class DFlashDraft(nn.Module):
         the product through kernels/cpu_linear.py (inference only)."""
         return self.hidden_norm(cpu_linear.linear(taps, self.fc) if cpu else self.fc(taps))
 
-    def append_context(self, taps: mx.array, cache: list[KVCache],
-                       position: mx.array | None = None) -> None:
+    def append_context(self, taps: mx.array, cache: list[KVCache]) -> None:
         """Project newly committed tokens' features once and cache their K/V per layer, at
-        positions from `position` (a device scalar: pipelined cycles, whose caches also hold
-        rejected positions) or from the cache's length."""
+        positions from the cache's length."""
         cpu = current() == "cpu"  # inference only: the products through cpu_linear.c
         ctx = self.project_context(taps, cpu)
-        offset = cache[0].offset if position is None else position
+        offset = cache[0].offset
         for layer, c in zip(self.layers, cache):
             c.update_and_fetch(*layer.self_attn.context_kv(ctx, offset, cpu))
 

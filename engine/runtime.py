@@ -28,7 +28,6 @@ from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
 from .lookup import ContextCopy, SuffixLookup
-from .pipeline import pipeline_applies, pipelined_decode
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -90,15 +89,10 @@ class DFlashRuntime:
         self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None
                                and draft is not None and not trees
                                and prefetch_applies(draft, self.min_confidence))
-        # Greedy whole-block cycles queued one ahead of their reads (pipeline.py)
-        self.pipeline = (self.config.pipeline and draft is not None and not trees
-                         and pipeline_applies(self.target, draft,
-                                              [*self.target.make_cache(), *draft.make_cache()],
-                                              self.min_confidence))
-        # Greedy one-row draft proposals finished from the context: not trees, not pipelined,
-        # and not sharded (each rank would read its own draft's rounding, as with the cut)
+        # Greedy one-row draft proposals finished from the context: not trees, and not
+        # sharded (each rank would read its own draft's rounding, as with the cut)
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
-                          if not (self.branches or self.siblings or self.pipeline
+                          if not (self.branches or self.siblings
                                   or lockstep is not None) else None)
         if isinstance(draft, DFlash2Draft):  # it proposes its selector's path alone (cycle.py)
             self.branches = self.siblings = self.copy_odds = None
@@ -220,7 +214,6 @@ class DFlashRuntime:
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             "siblings": list(self.siblings) if self.siblings else None,  # slots, choices
             "draft_tree": self.draft_tree,  # each verify: the draft's likeliest tree
-            "pipeline": self.pipeline,  # greedy cycles queued before the last one is read
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
             "refine": self.config.refine,  # a second draft pass over a confident start
             "token_chain": self.token_chain,  # the draft's token chain rescores its proposals
@@ -322,11 +315,6 @@ class DFlashRuntime:
                         proposer)
             state.mark(len(ids) - 1)
             todo = todo[-1:]
-        if self.pipeline and sampler is None and not profile:
-            yield from pipelined_decode(self.target, proposer, todo, max_tokens, block_size,
-                                        self.config.prefill_chunk, cache=state.cache,
-                                        stop_ids=stop_ids)
-            return
         yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
                                       self.config.prefill_chunk, cache=state.cache,
                                       sync_phases=profile, sampler=sampler,

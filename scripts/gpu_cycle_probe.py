@@ -473,12 +473,10 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     async_eval'ed (its host launch time) and waited for: only where evaluation is cheap."""
     from mlx_lm.generate import generate_step  # noqa: F401  (the step plain1 rebuilds)
 
-    from engine.cycle import DraftProposer, commit_row, propose
     from engine.cycle import accept as accept_fn
+    from engine.cycle import commit_row, propose
     from engine.device import current
     from engine.draft_head import DraftHead
-    from engine.lookup import SuffixLookup
-    from engine.pipeline import Queued, build_cycle, pipeline_applies
     from engine.runtime import target_model_dtype
     from engine.targets.base import cache_arrays
 
@@ -553,18 +551,6 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                 target.compile_verify(0)
 
         phases["verify_compiled"] = verify_compiled
-    if pipeline_applies(target, draft, cache + dcache, None):
-        # a whole pipelined cycle (engine/pipeline.py): all of the above and the device
-        # lookup (on by default), built in one go
-        proposer = DraftProposer(target, draft, head, None, dcache, SuffixLookup())
-        settled = Queued.settled([5] * ctx, target.cache_length(cache), dcache[0].offset,
-                                 2 * size)
-
-        def pipelined(_: list) -> list:
-            flight, after = build_cycle(target, proposer, cache, settled, size)
-            return [flight.values, *after.arrays(), *cache_arrays(cache, dcache)]
-
-        phases["pipelined"] = pipelined
     chain = {"accept": "verify", "rollback": "verify"}  # built on the verify's outputs
     out: dict = {"ctx": ctx, "size": size, "accepted": accepted, "iters": iters}
     builds: dict[str, list[float]] = {k: [] for k in phases}

@@ -37,19 +37,6 @@ def test_oracle_benchmark_sets_tokens_per_cycle(tiny_pairs, tmp_path, k, prefetc
     assert set(r["dflash"]["cycle_profile"]) == {"draft", "verify", "rollback"}
 
 
-@pytest.mark.parametrize("k", [2, 8])
-def test_the_oracle_sets_tokens_per_cycle_of_pipelined_cycles(tiny_pairs, tmp_path, k):
-    """--pipeline on: the oracle proposes on the device (Oracle.on_device), one cycle ahead
-    of the reads, and still sets tokens/cycle; the tokens are plain decoding's."""
-    rc, report = run(tiny_pairs, tmp_path, "--max-tokens", "96", "--no-warmup",
-                     "--oracle-tokens-per-cycle", str(k), "--min-confidence", "off",
-                     "--pipeline", "on")
-    assert rc == 0 and report["model"]["pipeline"] is True
-    r = report["runs"][0]
-    assert r["token_match"] and r["dflash"]["generated_tokens"] == 96
-    assert abs(r["dflash"]["tokens_per_cycle"] - k) < 0.3 * k
-
-
 def test_oracle_flag_errors_are_one_line(tiny_pairs, tmp_path, capsys):
     for extra in (["--oracle-tokens-per-cycle", "0.5"],
                   ["--oracle-tokens-per-cycle", "4", "--temperature", "0.7"]):

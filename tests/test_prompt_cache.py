@@ -73,17 +73,6 @@ def test_multi_turn_reuses_the_conversation_losslessly(pairs, family, speculativ
     assert results[-1].speculative is speculative
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_pipelined_replies_leave_states_that_later_turns_reuse(pairs, family):
-    """--pipeline: the caches a reply leaves (compacted to its committed positions) serve the
-    next turn as a fresh prefill would."""
-    rt, ref = pairs(family, pipeline=True, min_draft_confidence=None)
-    assert rt.pipeline
-    rt.clear_cache()
-    _, results = conversation(rt, ref, ["Hello! How can I help?", "What is 12 times 7?"])
-    assert results[1].cached_tokens >= results[0].prompt_tokens - 1
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_regenerate_resumes_before_the_last_prompt_token(pairs, family):
     rt, ref = pairs(family)
@@ -170,20 +159,6 @@ def test_cancelled_stream_still_leaves_a_usable_state(pairs):
     stream.close()
     again = same(rt, ref, messages)
     assert again.cached_tokens == again.prompt_tokens - 1
-
-
-def test_a_cancelled_pipelined_stream_still_leaves_a_usable_state(pairs):
-    """--pipeline: a reply closed mid-way (a cycle queued ahead, rejected positions still in
-    the caches) is compacted on the way out: a request that continues it reuses the reply's
-    states and equals a fresh prefill."""
-    rt, ref = pairs("llama", pipeline=True, min_draft_confidence=None)
-    rt.clear_cache()
-    ids = rt.encode("Hello! How can I help you today?")
-    stream = rt.stream_generate(ids, max_tokens=3 * N, no_eos=True)
-    reply = [t for _ in range(5) for t in next(stream).tokens]
-    stream.close()
-    again = same(rt, ref, ids + reply + [5, 6, 7])
-    assert again.cached_tokens >= len(ids) + len(reply) - 1  # the reply's states reused
 
 
 def test_prompt_cache_bytes_config():

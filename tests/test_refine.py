@@ -139,10 +139,3 @@ def test_the_refine_setting_is_checked_and_has_a_flag():
     assert config_from_args(p.parse_args(["--refine", "off"])).refine is None
     with pytest.raises(SystemExit):
         p.parse_args(["--refine", "2"])
-
-
-def test_pipelined_cycles_refine_on_the_device_and_stay_plain_greedy(tiny_pairs):
-    rt = load(tiny_pairs, "llama", pipeline=True, refine=0.017)
-    assert rt.describe()["pipeline"] is True and rt.describe()["refine"] == 0.017
-    ids = rt.encode("Hello world")
-    assert rt.generate(ids, 40, no_eos=True).tokens == plain_greedy(rt.model, ids, 40)

@@ -47,8 +47,7 @@ class Oracle:
                                     for k in range(n + 1)))
         self._drawn: list[int] = []  # what is left of the current round
         self._rounds = self._total = 0  # rounds drawn, and their counts' sum
-        self.base: int | mx.array | None = None  # the first position (on the device: pipelined)
-        self._reference: mx.array | None = None  # the reference on the device (on_device)
+        self.base: int | None = None  # the first position
 
     def __call__(self, staged: int, size: int, position: int) -> list[int]:
         """-> the verify input: `staged`, then size - 1 drafted tokens."""
@@ -85,20 +84,6 @@ class Oracle:
         self.rng.shuffle(counts)
         return counts
 
-    def on_device(self, staged: mx.array, position: mx.array, size: int) -> mx.array:
-        """`__call__` for pipelined cycles, whose `staged` [1] and `position` (a scalar) are
-        still on the device: the same drawn counts, the reference read there."""
-        if self.base is None:
-            self.base = position
-            self._reference = mx.array(self.reference + [0] * size, dtype=mx.int32)
-        a = self._accepts(size)
-        at = position - self.base + 1 + mx.arange(size - 1)  # staged is reference[at[0] - 1]
-        drafted = mx.take(self._reference, mx.minimum(at, self._reference.size - 1))
-        if a < size - 1:  # past the reference any token will do, as in __call__
-            slot = mx.arange(size - 1) == a
-            drafted = mx.where(slot, (drafted + 1) % self.vocab, drafted)
-        return mx.concatenate([staged.astype(mx.int32), drafted])[None]
-
 
 class OracleProposer(DraftProposer):
     """The oracle's tokens in place of the draft's; whole blocks. With `draft_cost`, the real
@@ -116,13 +101,6 @@ class OracleProposer(DraftProposer):
         if self.draft_cost:
             mx.async_eval(super().propose(staged, size, position))  # queued with the verify
         return mx.array([self.oracle(staged, size, position)])
-
-    def propose_queued(self, staged: mx.array, position: mx.array, visible: mx.array,
-                       size: int, repeats: Sequence[tuple[mx.array, mx.array]] = ()
-                       ) -> tuple[mx.array, bool | mx.array]:
-        if self.draft_cost:
-            mx.async_eval(super().propose_queued(staged, position, visible, size)[0])
-        return self.oracle.on_device(staged, position, size), False
 
 
 def consistent_reference(run: Callable[[list[int]], list[int]], reference: Sequence[int]

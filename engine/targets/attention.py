@@ -76,20 +76,7 @@ class RowsView:
                 mx.take(self.values, index.reshape(1), axis=0))
 
 
-class PositionedView:
-    """A KV cache as a pipelined verify sees it (engine/pipeline.py): new keys and values go
-    after every entry it holds, rejected ones included (a mask hides those), at `offset`, a
-    position still on the device (RoPE), not at the cache's length."""
-
-    def __init__(self, cache: Any, position: mx.array) -> None:
-        self.cache = cache
-        self.offset = position
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        return self.cache.update_and_fetch(keys, values)
-
-
-class TreeView(PositionedView):
+class TreeView:
     """A KV cache as a tree's verify sees it (engine/tree.py): new entries after the cache's,
     each at its own position (`offset`: a vector [T], for `PerTokenRope`); they stay here too,
     for `AttentionAdapter.keep_path` to re-append a kept off-row node's."""
@@ -97,6 +84,10 @@ class TreeView(PositionedView):
     tree = True
     keys: mx.array | None = None
     values: mx.array | None = None
+
+    def __init__(self, cache: Any, position: mx.array) -> None:
+        self.cache = cache
+        self.offset = position
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.keys, self.values = keys, values
@@ -136,7 +127,7 @@ class AttentionAdapter(TargetAdapter):
         self._compiled_length = 0
         self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
         self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
-        self._visible: mx.array | None = None  # a pipelined verify's mask (forward_at)
+        self._visible: mx.array | None = None  # a tree's verify's mask (forward_tree)
         self._tree_views: list[TreeView] = []  # the caches as the last tree's verify saw them
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
@@ -266,22 +257,6 @@ class AttentionAdapter(TargetAdapter):
         if key not in self._compiled:
             self._compiled[key] = CompiledVerify(self, key)
         return self._compiled[key](tokens, cache)
-
-    def forward_at(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                   position: mx.array, visible: mx.array) -> tuple[mx.array, mx.array]:
-        """A pipelined verify (engine/pipeline.py): `tokens` [1, T] at `position` (a device
-        scalar) go after every entry the caches hold, and attend to those of them that
-        `visible` [cache length] (a device bool array) holds, and causally to each other."""
-        T, held = tokens.shape[1], visible.shape[0]
-        assert held == self.cache_length(cache), "visible must cover every cached entry"
-        self._visible = mx.concatenate([mx.broadcast_to(visible[None], (T, held)),
-                                        mx.tril(mx.ones((T, T), dtype=mx.bool_))], axis=1)
-        self._verifying = True  # the compiled layer halves
-        try:
-            return super().forward(tokens, [PositionedView(c, position) for c in cache],
-                                   tap_ids)
-        finally:
-            self._visible, self._verifying = None, False
 
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """Trace the compiled halves (or the compiled verify, for the draft's `tap_ids`) and

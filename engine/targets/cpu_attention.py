@@ -62,8 +62,7 @@ def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.arr
 
 def eligible(q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, sinks: Any) -> bool:
     causal = isinstance(mask, str) and mask == "causal"
-    # a sibling tree's mask (its cache view says so; a pipelined verify's stays MLX's: its
-    # one read per cycle would not survive a sync per layer)
+    # a sibling tree's mask (its cache view says so)
     boolean = (getattr(cache, "tree", False) and isinstance(mask, mx.array)
                and mask.dtype == mx.bool_ and mask.shape == (q.shape[-2], k.shape[-2]))
     if sinks is not None or hasattr(cache, "bits") or not (mask is None or causal or boolean):
