@@ -78,13 +78,6 @@ class DFlashConfig:
     # off on CPU and on Metal until measured there. The same graph either way: the output
     # does not change.
     stream_verify: int | str | None = "auto"
-    # Run each full-block verify of a pure-attention target (llama, qwen2, qwen3, mistral) as
-    # one compiled forward over its KV cache's whole buffer (engine/targets/compiled_verify.py):
-    # the host builds no graph per verify and the device runs fused kernels. Its rounding
-    # differs from the layer-by-layer forward's (lossless under the near-tie rule, not bit for
-    # bit plain decoding in float32), so it is meant for GPUs at checkpoint precision. Off: on
-    # the H200 it ran slower than the layer-by-layer verify (benchmarks/stage19/).
-    compiled_verify: bool = False
     # Verify a tree of proposals instead of one (engine/cycle.py: branch_rows): the draft's
     # own, and beside it its 2nd..K-th choice at each of its first M slots, one row each; the
     # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
@@ -186,9 +179,6 @@ class DFlashConfig:
         if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync), False or 'auto'")
-        if not isinstance(self.compiled_verify, bool):
-            raise ConfigError(f"compiled_verify={self.compiled_verify!r}: use True (one "
-                              "compiled forward per full-block verify) or False")
         b, t = self.branches, self.siblings
         check_tree_shape("branches", b, "(4, 2), or None (one row)")
         check_tree_shape("siblings", t, "(3, 3), or None (the draft's row alone)")
@@ -286,10 +276,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="with the verify cut on, verify the cheapest length at or above the "
                         "cut's, measured once per machine (default on); 'off': the cut's own")
     add_queueing_args(p)
-    p.add_argument("--compiled-verify", choices=["on", "off"], default="off",
-                   help="run each full-block verify of a llama/qwen2/qwen3 target as one "
-                        "compiled forward (meant for GPUs at checkpoint precision: it rounds "
-                        "differently from plain decoding; slower on the H200; default off)")
     p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
                    help="verify a tree of proposals: beside the draft's own, its 2nd..K-th "
                         "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
@@ -420,7 +406,6 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
-                        compiled_verify=args.compiled_verify == "on",
                         branches=args.branches, siblings=args.siblings,
                         draft_tree=args.draft_tree == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,

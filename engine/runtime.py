@@ -112,8 +112,6 @@ class DFlashRuntime:
         trained = draft.args.block_size if draft is not None else 16
         self.block_size = self.config.draft_block_size or trained
         cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
-        self.compiled_verify = self.target.compile_verify(
-            self.block_size if self.config.compiled_verify and draft is not None else 0)
         taps = draft.args.target_layer_ids if draft is not None else ()
         self.target.warm_up(self.block_size, taps)  # kernels compile here, not mid-reply
         # With the cut on: the length to verify for each cut's (measured once per machine)
@@ -210,7 +208,6 @@ class DFlashRuntime:
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
-            "compiled_verify": self.compiled_verify,  # full-block verifies: one compiled forward
             "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
             "siblings": list(self.siblings) if self.siblings else None,  # slots, choices
             "draft_tree": self.draft_tree,  # each verify: the draft's likeliest tree

@@ -466,7 +466,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     eval) of mlx-lm's own 1-token step (plain1) and 16-token call (plain16), and of the
     cycle's phases as speculative_decode builds them: the draft forward + head, the verify
     forward with taps (and, where the adapter compiles layer halves, the same through the
-    model's own layers; where it can compile the whole verify, that: verify_compiled),
+    model's own layers),
     accept/read_commit's graph, rollback + append_context. Phases start
     from one snapshot of a zero-filled context of `ctx` tokens; nodes of accept and rollback
     are those they add to the verify's graph. With `launch`, each build is also
@@ -486,13 +486,6 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     target.forward(mx.array([[5] * ctx]), cache, [])
     draft.append_context(mx.zeros((1, ctx, target.hidden_size * len(taps_ids)),
                                   target_model_dtype(model)), dcache)
-    compilable = target.compile_verify(size)  # the whole verify as one compiled forward
-    target.compile_verify(0)
-    if compilable:  # its KV buffers at the length it runs at
-        from engine.targets.compiled_verify import capacity_for, fit
-
-        for c in cache:
-            fit(c, capacity_for(ctx + size))
     zero_filled(cache + dcache)
     frozen = Frozen(cache + dcache)
     ids1, ids = mx.array([[5]]), mx.array([[5 + j for j in range(size)]])
@@ -541,16 +534,6 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
                 target._halves = halves
 
         phases["verify_own_layers"] = verify_own_layers
-    if compilable:  # its first build is its trace
-
-        def verify_compiled(_: list) -> list:
-            target.compile_verify(size)
-            try:
-                return verify()
-            finally:
-                target.compile_verify(0)
-
-        phases["verify_compiled"] = verify_compiled
     chain = {"accept": "verify", "rollback": "verify"}  # built on the verify's outputs
     out: dict = {"ctx": ctx, "size": size, "accepted": accepted, "iters": iters}
     builds: dict[str, list[float]] = {k: [] for k in phases}
@@ -587,7 +570,6 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
         out["compiled_halves_exact"] = compiled_exact(target, cache, frozen, ids, taps_ids)
     if hasattr(target, "compile_halves"):
         target.compile_halves(current() != "cpu")  # as the runtime has it
-    target.compile_verify(size if rt.compiled_verify else 0)
     frozen.restore()
     return out
 

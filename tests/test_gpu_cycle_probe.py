@@ -69,9 +69,6 @@ def test_probe_host_part_counts_each_phase(tiny_pairs, tmp_path):
             assert host["verify"]["nodes"] < host["plain16"]["nodes"]
             assert host["verify"]["python_calls"] < host["plain16"]["python_calls"]
             assert host["compiled_halves_exact"] is True
-            # the whole verify compiled: one call replays the traced graph
-            assert host["verify_compiled"]["python_calls"] < host["verify"]["python_calls"]
         else:  # GatedDeltaNet verify forwards record a tape per linear layer
             assert host["verify"]["nodes"] > host["plain16"]["nodes"]
             assert host["compiled_halves_exact"] is None
-            assert "verify_compiled" not in host  # GatedDeltaNet layers: never compiled whole

@@ -28,7 +28,6 @@ from mlx_lm.models.base import create_attention_mask
 from ..device import current
 from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
-from .compiled_verify import CompiledVerify
 from .cpu_attention import MODULES, KernelProjections, attention_call, kernel_sized
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
@@ -122,10 +121,6 @@ class AttentionAdapter(TargetAdapter):
         super().__init__(model)
         self._halves: list[Callable[[mx.array, mx.array], mx.array]] | None = None
         self._verifying = False
-        # Whole compiled verifies (compile_verify): the block length they serve (0: off) and
-        # one compiled forward per tap list
-        self._compiled_length = 0
-        self._compiled: dict[tuple[int, ...], CompiledVerify] = {}
         self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
         self._visible: mx.array | None = None  # a tree's verify's mask (forward_tree)
         self._tree_views: list[TreeView] = []  # the caches as the last tree's verify saw them
@@ -234,35 +229,18 @@ class AttentionAdapter(TargetAdapter):
                 aside.set(restore)  # type: ignore[union-attr]
         return states
 
-    def compile_verify(self, length: int) -> bool:
-        """Run verifies of `length` tokens as one compiled forward each (compiled_verify.py;
-        0: off); -> whether they will be (plain causal attention layers only, not sharded).
-        Other lengths (a reply's shorter last block) keep the layer-by-layer forward: a new
-        length would be a new trace mid-reply."""
-        plain = all(type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
-                    for layer in self.layers)
-        self._compiled_length = length if plain and self.lockstep is None else 0
-        return self._compiled_length > 0
-
     def forward(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
                 last_only: bool = False) -> tuple[mx.array, mx.array]:
         if tokens.shape[0] > 1 and self._verifying:  # rows of one proposal tree
             self._rows = [RowsView(c) for c in cache]
             return super().forward(tokens, self._rows, tap_ids, last_only)
-        compiled = (self._verifying and tokens.shape[1] == self._compiled_length
-                    and not last_only and cache[0].keys is not None)
-        if not compiled:
-            return super().forward(tokens, cache, tap_ids, last_only)
-        key = tuple(tap_ids)
-        if key not in self._compiled:
-            self._compiled[key] = CompiledVerify(self, key)
-        return self._compiled[key](tokens, cache)
+        return super().forward(tokens, cache, tap_ids, last_only)
 
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
-        """Trace the compiled halves (or the compiled verify, for the draft's `tap_ids`) and
-        build the kernels of a full-block verify on a scratch cache: on a GPU the first one
-        otherwise stalls the first reply's first cycle."""
-        if (self._halves is None and not self._compiled_length) or self.lockstep is not None:
+        """Trace the compiled halves and build the kernels of a full-block verify (tapping the
+        draft's `tap_ids`) on a scratch cache: on a GPU the first one otherwise stalls the
+        first reply's first cycle."""
+        if self._halves is None or self.lockstep is not None:
             return  # nothing compiled (sharded: the model's own layers)
         cache = self.make_cache()
         self.forward(mx.array([[0]]), cache, [], last_only=True)

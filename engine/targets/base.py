@@ -229,11 +229,6 @@ class TargetAdapter:
         target top (DraftArgs.target_top) proposes from."""
         raise NotImplementedError
 
-    def compile_verify(self, length: int) -> bool:
-        """Run verifies of `length` tokens as one compiled forward (0: off); -> whether this
-        family can (default: no)."""
-        return False
-
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """Compile whatever the target's verify (of up to `verify_tokens`, tapping `tap_ids`)
         and rollback will need, before the first reply (default: nothing to compile)."""
