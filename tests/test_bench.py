@@ -228,16 +228,6 @@ def test_bench_table_gives_the_median_of_repeated_synthetic_pairs():
     assert median(report, "decode_speedup") == " (median of 3: 3.32x)"
 
 
-def test_the_plain_step_study_counts_costs_in_plain_steps():
-    from script_modules import load_script
-
-    study = load_script("plain_step_study")
-    # cycles of 1, 3, 1 tokens at 2 steps each: 6 steps speculating; after each 1-token cycle
-    # (m=1) one plain step (k=1) takes the next token, then the rest of that run follows
-    assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 0, 1) == 6.0
-    assert study.simulated_cost([1, 3, 1], 2.0, 1.0, 1, 1) == 2.0 + 1.0 + 2.0 + 2.0
-
-
 def test_blas_report_names_an_mkl_or_openblas_library_mapped_into_the_process(monkeypatch):
     """DFLASH_BLAS may name MKL's libmkl_rt: the report lists it beside OpenBLAS copies, and
     leaves out numpy's own scipy_openblas (its symbols never serve MLX's matmuls)."""
