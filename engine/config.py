@@ -16,7 +16,6 @@ MAX_BLOCK_SIZE = 16
 DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
-MAX_BRANCH_CHOICES = 8
 # --copy-odds auto's odds where the verify cut is on (the CPU's default: the cut already reads
 # the draft's distributions on the host, so the copy adds no sync there)
 CPU_COPY_ODDS = 0.1
@@ -78,28 +77,6 @@ class DFlashConfig:
     # off on CPU and on Metal until measured there. The same graph either way: the output
     # does not change.
     stream_verify: int | str | None = "auto"
-    # Verify a tree of proposals instead of one (engine/cycle.py: branch_rows): the draft's
-    # own, and beside it its 2nd..K-th choice at each of its first M slots, one row each; the
-    # cycle keeps the row that runs furthest. (M, K), e.g. (4, 2): 5 rows; None: one row.
-    # Greedy, pure-attention targets, whole blocks (with it, "auto" means no cut; an explicit
-    # cut is refused). A verify then holds R rows of a block: a CPU takes R times as long;
-    # on the H200 a 4x2 tree's verify cost as much as its extra tokens won
-    # (benchmarks/stage19/), so it is off. Lossless: the target verifies every row.
-    branches: tuple[int, int] | None = None
-    # Sibling trees (engine/tree.py): a verify of the block's length holds the draft's row
-    # shortened and, beside it, single tokens: its 2nd..K-th choice at each of its first M
-    # slots, each where the row's token at that slot would be. (M, K), e.g. (3, 3); None: the
-    # row alone. With the verify cut on, siblings take the verify's padding past the cut.
-    # Greedy, pure-attention targets, draft proposals (a lookup's repeat stays one row).
-    # Lossless: the target verifies every token of the tree.
-    siblings: tuple[int, int] | None = None
-    # Draft trees (engine/tree.py: likeliest_tree): each cycle's verify holds the likeliest
-    # nodes of the tree of the draft's continuations (its top tokens per slot; a node as likely as
-    # the product of its path's probabilities), the block's length of them (with the verify
-    # cut on, the cut's padded length): a long row where the draft is sure, its runner-ups
-    # where it is not. Greedy, pure-attention targets, draft proposals; a host sync before
-    # each verify. Lossless: the target verifies every token of the tree.
-    draft_tree: bool = False
     # Finish greedy one-row draft proposals from the context (engine/cycle.py:
     # copied_proposal): slot by slot, the token that followed the longest earlier n-gram the
     # context and the block so far end with replaces the draft's top token where the draft
@@ -179,22 +156,6 @@ class DFlashConfig:
         if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync), False or 'auto'")
-        b, t = self.branches, self.siblings
-        check_tree_shape("branches", b, "(4, 2), or None (one row)")
-        check_tree_shape("siblings", t, "(3, 3), or None (the draft's row alone)")
-        if b is not None and self.min_draft_confidence not in ("auto", None):
-            raise ConfigError(f"branches={b!r} with min_draft_confidence="
-                              f"{self.min_draft_confidence!r}: a tree is verified whole. Fix: "
-                              "leave the cut at 'auto' (trees then verify whole blocks) or None")
-        if t is not None and self.branches is not None:
-            raise ConfigError(f"siblings={t!r} with branches={self.branches!r}: use one kind "
-                              "of tree")
-        if not isinstance(self.draft_tree, bool):
-            raise ConfigError(f"draft_tree={self.draft_tree!r}: use True (verify the draft's "
-                              "likeliest tree each cycle) or False (its row)")
-        if self.draft_tree and (b is not None or t is not None):
-            kind = "branches" if b is not None else "siblings"
-            raise ConfigError(f"draft_tree=True with {kind}={b or t!r}: use one kind of tree")
         if self.token_chain not in (True, False):
             raise ConfigError(f"token_chain={self.token_chain!r}: use True (on) or False (off)")
         co = self.copy_odds
@@ -222,11 +183,9 @@ class DFlashConfig:
             raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
 
     def min_confidence(self, backend: str = "cpu") -> float | None:
-        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved (whole
-        blocks where trees are asked for: they are verified whole)."""
+        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
         if self.min_draft_confidence == "auto":
-            cut = backend == "cpu" and self.branches is None
-            return DEFAULT_MIN_CONFIDENCE if cut else None
+            return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
         return self.min_draft_confidence  # type: ignore[return-value]
 
     def prefetch_for(self, backend: str) -> bool:
@@ -276,21 +235,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="with the verify cut on, verify the cheapest length at or above the "
                         "cut's, measured once per machine (default on); 'off': the cut's own")
     add_queueing_args(p)
-    p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
-                   help="verify a tree of proposals: beside the draft's own, its 2nd..K-th "
-                        "choice at each of its first M slots, one row each (e.g. 4x2: 5 "
-                        "rows; greedy, llama/qwen2/qwen3 targets; verified whole, so the "
-                        "'auto' cut is off with it; no faster on the H200; default off)")
-    p.add_argument("--siblings", type=siblings_arg, default=None, metavar="MxK|off",
-                   help="verify a sibling tree: the draft's row shortened and, in the same "
-                        "verify length, its 2nd..K-th choice at each of its first M slots as "
-                        "single tokens (e.g. 3x3; with the verify cut, in its padding; greedy, "
-                        "llama/qwen2/qwen3 targets; default off)")
-    p.add_argument("--draft-tree", choices=["on", "off"], default="off",
-                   help="verify the draft's likeliest tree each cycle: the block's length of "
-                        "nodes from its top tokens per slot, a long row where it is sure, its "
-                        "runner-ups where not (with the verify cut, the cut's length; greedy, "
-                        "llama/qwen2/qwen3 targets; default off)")
     p.add_argument("--draft-vocab", type=vocab_arg, default="auto", metavar="auto|off|N",
                    help="the draft proposes from its N most frequent tokens (needs the draft's "
                         f"token_ranking.json) plus the prompt's; 'auto' (default): "
@@ -406,8 +350,6 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         min_draft_confidence=args.min_confidence,
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
-                        branches=args.branches, siblings=args.siblings,
-                        draft_tree=args.draft_tree == "on",
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         lookup_span=args.lookup_span,
                         copy_odds=args.copy_odds, refine=args.refine,
@@ -485,40 +427,6 @@ def lookup_span_arg(text: str) -> int | None:
 def stream_arg(text: str) -> int | str | None:
     """argparse type for --stream-verify: a layer count of at least 1, 'auto' or 'off'."""
     return _auto_off_or(text, int, lambda v: v >= 1, "a layer count of at least 1")
-
-
-def check_tree_shape(name: str, shape: Any, example: str) -> None:
-    """A tree option's (slots, choices), or None; raises ConfigError naming `name`."""
-    if shape is not None and (
-            not isinstance(shape, tuple) or len(shape) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape)
-            or not (1 <= shape[0] < MAX_BLOCK_SIZE and 2 <= shape[1] <= MAX_BRANCH_CHOICES)):
-        raise ConfigError(f"{name}={shape!r}: use (slots, choices) with 1 <= slots < "
-                          f"{MAX_BLOCK_SIZE} and 2 <= choices <= {MAX_BRANCH_CHOICES}, e.g. "
-                          f"{example}")
-
-
-def branches_arg(text: str) -> tuple[int, int] | None:
-    """argparse type for --branches: MxK (slots x choices), or 'off'."""
-    return _tree_arg(text, "branches", "4x2")
-
-
-def siblings_arg(text: str) -> tuple[int, int] | None:
-    """argparse type for --siblings: MxK (slots x choices), or 'off'."""
-    return _tree_arg(text, "siblings", "3x3")
-
-
-def _tree_arg(text: str, field: str, example: str) -> tuple[int, int] | None:
-    if text == "off":
-        return None
-    slots, _, choices = text.partition("x")
-    if not (slots.isdigit() and choices.isdigit()):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give slots x choices, e.g. {example}, or 'off'")
-    try:
-        return getattr(DFlashConfig(**{field: (int(slots), int(choices))}), field)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def json_object_arg(text: str) -> dict:

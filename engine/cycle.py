@@ -22,16 +22,6 @@ from .events import CycleStats
 from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
-from .tree import (
-    TREE_CHOICES,
-    ChainedChoices,
-    TreeShape,
-    accept_tree,
-    chained_choices,
-    likeliest_tree,
-    sibling_tree,
-    tree_proposal,
-)
 
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
@@ -170,39 +160,8 @@ def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: Contex
     return mx.array([[staged, *row][:n]], dtype=mx.int32), False
 
 
-def branch_rows(staged: int, logits: mx.array, head: DraftHead, slots: int, choices: int
-                ) -> mx.array:
-    """Draft logits [1, size - 1, K] -> the rows of a proposal tree [R, size]: the draft's
-    own proposal first (`drafted_proposal`), then for each of the first `slots` slots and
-    each of the draft's 2nd..`choices`-th tokens there, that row with that token at that
-    slot. A cycle's run ends where the draft is first wrong, most often at an early slot,
-    and there its runner-up is often right (scripts/branch_study.py); the target verifies
-    every row in one forward and the cycle keeps the row that runs furthest."""
-    n = logits.shape[1]
-    ranked = head.token_ids(mx.argsort(-logits[0], axis=-1)[:, :choices]).astype(mx.int32)
-    main = mx.concatenate([mx.array([staged], dtype=mx.int32), ranked[:, 0]])
-    slot = mx.array([j for j in range(min(slots, n)) for _ in range(1, choices)])
-    rank = mx.array([r for _ in range(min(slots, n)) for r in range(1, choices)])
-    if slot.size == 0:
-        return main[None]
-    # row i changes column slot[i] + 1 (after the staged token) to its rank[i]-th token
-    changed = mx.arange(n + 1)[None] == (slot + 1)[:, None]
-    branches = mx.where(changed, ranked[slot, rank][:, None], main[None])
-    return mx.concatenate([main[None], branches])
-
-
-def accept_rows(rows: mx.array, logits: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """Greedy acceptance over a proposal tree's rows [R, size] and their verify logits
-    [R, size, V]: the row whose drafts run furthest (the first such: the draft's own on a
-    tie). -> (that row's index, its accepted count a, its target argmax [size])."""
-    choice = mx.argmax(logits, axis=-1).astype(rows.dtype)
-    runs = agreeing_run(rows[:, 1:], choice[:, :-1])
-    best = mx.argmax(runs)
-    return best, runs[best], choice[best]
-
-
 def agreeing_run(drafts: mx.array, choice: mx.array) -> mx.array:
-    """How many leading drafts [..., n] equal the target's choices [..., n] (per row)."""
+    """How many leading drafts [n] equal the target's choices [n]."""
     return mx.sum(mx.cumprod((drafts == choice).astype(mx.int32), axis=-1), axis=-1)
 
 
@@ -481,12 +440,6 @@ def commit_from_row(row: list[int]) -> tuple[int, list[int], bool]:
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
 
-def branches_apply(target: TargetAdapter, min_confidence: float | None) -> bool:
-    """Whether greedy cycles can verify proposal trees (`branch_rows`): whole blocks only (a
-    tree is verified whole) on a target whose verify takes several rows."""
-    return min_confidence is None and target.verifies_rows
-
-
 def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
     """Whether cycles can queue the next draft forward before their sync
     (`DraftProposer.prefetch`): whole blocks only (the cut reads the draft's output before the
@@ -519,16 +472,6 @@ class DraftProposer:
     # Queue the next cycle's draft forward before this cycle's sync (`prefetch`), where
     # `prefetch_applies`; greedy cycles only.
     prefetching: bool = False
-    # Greedy whole-block draft proposals as a tree (`branch_rows`): the draft's runner-ups
-    # at its first `branches[0]` slots, up to its `branches[1]`-th choice; None: one row.
-    branches: tuple[int, int] | None = None
-    # Greedy whole-block draft proposals as a sibling tree (engine/tree.py): the draft's row
-    # shortened, and its 2nd..`siblings[1]`-th tokens at its first `siblings[0]` slots; None:
-    # the row alone. `tree` is the last proposal's shape (None: a row).
-    siblings: tuple[int, int] | None = None
-    # Greedy draft proposals as the draft's likeliest tree (engine/tree.py: likeliest_tree)
-    draft_tree: bool = False
-    tree: TreeShape | None = field(default=None, init=False)
     # Greedy one-row draft proposals finished from the context (`copied_proposal`), seeded
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
@@ -557,10 +500,6 @@ class DraftProposer:
         if isinstance(self.draft, DFlash2Draft):
             self.selector = self.draft.candidate_selector
         self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
-        if not branches_apply(self.target, self.min_confidence):
-            self.branches = None
-        if not self.target.verifies_trees:
-            self.siblings, self.draft_tree = None, False
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's and the copy's context grow with them)."""
@@ -631,8 +570,7 @@ class DraftProposer:
     def propose(self, staged: int, size: int, position: int, room: int | None = None
                 ) -> mx.array:
         """The verify input [1, <= size] (longer only for a long match's repeat, up to
-        `room` tokens: `repeat_count`); a sibling tree's where `tree` is set."""
-        self.tree = None
+        `room` tokens: `repeat_count`)."""
         length, found = self._looked_up(size, room)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
@@ -641,14 +579,11 @@ class DraftProposer:
         if self.selector is not None:  # a DFlash2 draft: its selector's path, nothing else
             self.took_repeat = False
             return self.path_proposal(staged, size)[0]
-        if (self.copy is not None and self.branches is None and not self.draft_tree
-                and size > 1):
+        if self.copy is not None and size > 1:
             verify_in, self.took_repeat = copied_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
                 self.copy_odds, self.min_confidence, self.verify_lengths, found)
             return verify_in
-        if found and self.draft_tree:  # the tree holds the repeat's tokens where the draft
-            found, self.took_repeat = [], False  # ranks them
         if found:
             verify_in, self.took_repeat = choose_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, found,
@@ -682,30 +617,7 @@ class DraftProposer:
         return self.draft_proposal_sampled(staged, size, sampler)
 
     def draft_proposal(self, staged: int, size: int) -> mx.array:
-        """The draft forward's proposal (`propose`), or the prefetched forward's; with
-        `branches`, the rows of its tree [R, size]."""
-        if self.branches is not None and size > 1:
-            return branch_rows(staged, self.draft_logits(staged, size), self.output_head,
-                               *self.branches)
-        if self.siblings is not None and size > 1:
-            logits = self.draft_logits(staged, size)
-            length, slots = size, self.siblings[0]
-            if self.min_confidence is not None:  # siblings take the padding past the cut
-                cut = unpadded_cut(top_probability(logits), self.min_confidence, size)
-                length = padded(cut, size, self.verify_lengths)
-                slots = min(slots, (length - cut) // (self.siblings[1] - 1))
-            self.tree = sibling_tree(length, slots, self.siblings[1])
-            if self.tree is None:
-                return drafted_proposal(staged, logits[:, :length - 1], self.output_head)
-            return tree_proposal(staged, logits, self.output_head, self.tree)
-        if self.draft_tree and size > 1:
-            logits, chained = self.tree_logits(staged, size)
-            # the tree fills the verify's length: the cut's, padded, where the cut is on
-            length = verify_length(logits, self.min_confidence, size, self.verify_lengths)
-            self.tree, verify_in = likeliest_tree(staged, logits, self.output_head, length,
-                                                  TREE_CHOICES, self.copy, self.copy_odds,
-                                                  chained)
-            return verify_in
+        """The draft forward's proposal (`propose`), or the prefetched forward's."""
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32)
@@ -772,18 +684,6 @@ class DraftProposer:
             return block, lambda embedded: self.draft(embedded, self.cache, finish=finish)
         seen = self.anchor_taps(staged)
         return block, lambda embedded: self.draft.peeking(embedded, self.cache, seen, finish)
-
-    def tree_logits(self, staged: int, size: int) -> tuple[mx.array, ChainedChoices | None]:
-        """A draft tree's inputs: the draft's own logits [1, size - 1, K] and, with its token
-        chain on, the chain's choices after each slot's top tokens (`chained_choices`)."""
-        if not self.token_chain or self.draft.chain is None or self.refine is not None:
-            return self.draft_logits(staged, size, chained=False), None
-        block, run = self.draft_block(staged, size)
-        hidden = run(self.target.embed(block))
-        logits = draft_head_logits(self.output_head, hidden)
-        return logits, single_threaded(self.target, lambda: chained_choices(
-            self.draft.chain, hidden, logits, staged, self.output_head, self.target.embed,
-            self.draft.args.chain_candidates, TREE_CHOICES))
 
     def finish(self, states: mx.array) -> mx.array:
         """A draft's slot states through the target's last layers (`DraftArgs.target_top`),
@@ -852,54 +752,28 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)
 
-        tree = proposer.tree if sampler is None else None
         target.begin_verify(cache)
-        if tree is not None:  # a tree: the deepest node the target agrees with
-            logits, taps = target.forward_tree(verify_in, cache, tap_ids, tree.depths,
-                                               tree.ancestry)
-            node, accepted, path_tokens, following = accept_tree(verify_in, logits, tree)
-            values = mx.concatenate([node.reshape(1).astype(mx.int32), commit_values(
-                path_tokens[None], accepted, following, proposer.took_repeat)])
+        logits, taps = target.forward(verify_in, cache, tap_ids)
+        if sampler is None:
+            accepted, choice = accept(verify_in, logits)
+            following = choice[accepted]  # the target's argmax after the kept drafts
         else:
-            logits, taps = target.forward(verify_in, cache, tap_ids)
-            if verify_in.shape[0] > 1:  # a proposal tree (greedy): the row that runs furthest
-                row, accepted, choice = accept_rows(verify_in, logits)
-                target.keep_row(cache, row)
-                kept_row = row.reshape(1)
-                verify_in, taps = mx.take(verify_in, kept_row, 0), mx.take(taps, kept_row, 0)
-                following = choice[accepted]
-            elif sampler is None:
-                accepted, choice = accept(verify_in, logits)
-                following = choice[accepted]  # the target's argmax after the kept drafts
-            else:
-                accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
-            accepted, following = target.agree(accepted, following)  # sharded: rank 0's
-            values = commit_values(verify_in, accepted, following, proposer.took_repeat)
+            accepted, following = sampler.accept(verify_in, sampler.probs(logits[0]), q)
+        accepted, following = target.agree(accepted, following)  # sharded: rank 0's
+        values = commit_values(verify_in, accepted, following, proposer.took_repeat)
         verify_s = clock.lap(values)
-        prefetching = (proposer.prefetching and sampler is None and target.lockstep is None
-                       and tree is None)
+        prefetching = proposer.prefetching and sampler is None and target.lockstep is None
         if prefetching:  # queued after the values: the sync below does not wait for it
             proposer.prefetch(taps, accepted, following, block_size)
 
-        path = None
-        if tree is not None:
-            row = values.tolist()
-            path = tree.path(row[0])
-            a, tokens, looked_up = commit_from_row(row[1:])
-        else:
-            a, tokens, looked_up = read_commit(values)
+        a, tokens, looked_up = read_commit(values)
         stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         keep = a + 1 if stop is None else min(a, stop) + 1  # a stop as the bonus: not fed
-        if path is not None:  # the kept path's entries, moved to follow the cache's
-            kept = path[:keep]
-            target.keep_path(cache, kept, verified=size)
-            proposer.append_context(mx.take(taps, mx.array(kept), axis=1))
+        target.rollback(cache, keep=keep, verified=size)
+        if prefetching:
+            proposer.settle(keep)
         else:
-            target.rollback(cache, keep=keep, verified=size)
-            if prefetching:
-                proposer.settle(keep)
-            else:
-                proposer.append_context(taps[:, :keep])
+            proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
 
         staged = tokens[-1]

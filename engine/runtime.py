@@ -14,7 +14,6 @@ from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
 from .cycle import (
     Commit,
     DraftProposer,
-    branches_apply,
     plain_decode,
     prefetch_applies,
     prefill,
@@ -77,26 +76,16 @@ class DFlashRuntime:
             # rank must verify the same number of tokens, so sharded targets verify whole
             # blocks.
             self.min_confidence = None
-        # Trees of proposals: greedy whole blocks on a target that verifies rows
-        self.branches = (self.config.branches if branches_apply(self.target, self.min_confidence)
-                         else None)
-        # Sibling trees: greedy cycles on a target that verifies trees
-        self.siblings = self.config.siblings if self.target.verifies_trees else None
-        self.draft_tree = self.config.draft_tree and self.target.verifies_trees
-        trees = self.siblings is not None or self.draft_tree
-        # Greedy whole-block cycles queue their next draft forward before their sync (a
-        # prefetch settles on a kept prefix: not a tree's path)
+        # Greedy whole-block cycles queue their next draft forward before their sync
         self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None
-                               and draft is not None and not trees
+                               and draft is not None
                                and prefetch_applies(draft, self.min_confidence))
-        # Greedy one-row draft proposals finished from the context: not trees, and not
-        # sharded (each rank would read its own draft's rounding, as with the cut)
+        # Greedy draft proposals finished from the context: not sharded (each rank would read
+        # its own draft's rounding, as with the cut)
         self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
-                          if not (self.branches or self.siblings
-                                  or lockstep is not None) else None)
+                          if lockstep is None else None)
         if isinstance(draft, DFlash2Draft):  # it proposes its selector's path alone (cycle.py)
-            self.branches = self.siblings = self.copy_odds = None
-            self.draft_tree = False
+            self.copy_odds = None
         # A draft's token chain rescores its greedy proposals
         self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
@@ -208,9 +197,6 @@ class DFlashRuntime:
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
-            "branches": list(self.branches) if self.branches else None,  # tree: slots, choices
-            "siblings": list(self.siblings) if self.siblings else None,  # slots, choices
-            "draft_tree": self.draft_tree,  # each verify: the draft's likeliest tree
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
             "refine": self.config.refine,  # a second draft pass over a confident start
             "token_chain": self.token_chain,  # the draft's token chain rescores its proposals
@@ -289,10 +275,9 @@ class DFlashRuntime:
             copy.extend(context)
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
-                             prefetching=self.prefetch_draft, branches=self.branches,
-                             siblings=self.siblings, draft_tree=self.draft_tree,
-                             copy=copy, copy_odds=self.copy_odds or 0.0,
-                             refine=self.config.refine, token_chain=self.token_chain,
+                             prefetching=self.prefetch_draft, copy=copy,
+                             copy_odds=self.copy_odds or 0.0, refine=self.config.refine,
+                             token_chain=self.token_chain,
                              lookup_span=self.config.lookup_span)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,

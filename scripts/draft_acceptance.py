@@ -10,10 +10,8 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
 Reports per suite and draft: tokens/cycle and non-loop tokens/cycle (each the mean over
 the suite's replies, with its standard error), the repeated-4-gram share
 (engine.bench.metrics) and the share of cycles the suffix lookup proposed (--lookup, the
-engine's default; `--lookup off`: the draft alone). `--branches MxK` verifies proposal
-trees, `--siblings MxK` sibling trees, `--draft-tree on` the draft's likeliest trees (the
-engine's options). The JSON records the command
-line that made it.
+engine's default; `--lookup off`: the draft alone). The JSON records the command line that
+made it.
 
 --walk also runs training's simulation on each reply's tokens, two ways: the anchor mean
 (1 + run averaged over a block anchored at every reply position: what training's validation
@@ -40,15 +38,7 @@ from engine.bench.metrics import (
 )
 from engine.bench.suites import PICKS, SUITES, load_prompts
 from engine.bench.timing import first_mismatch, run_baseline
-from engine.config import (
-    DFlashConfig,
-    branches_arg,
-    copy_odds_arg,
-    lookup_arg,
-    lookup_span_arg,
-    refine_arg,
-    siblings_arg,
-)
+from engine.config import DFlashConfig, copy_odds_arg, lookup_arg
 from engine.loading import load_draft_folder
 from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
@@ -90,45 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup", type=lookup_arg, default=MIN_MATCH, metavar="N|off",
                    help=f"the suffix lookup's minimum match (default {MIN_MATCH}, as the "
                         "engine); 'off': the draft proposes every cycle")
-    p.add_argument("--lookup-span", type=lookup_span_arg, default=None, metavar="N|off",
-                   help="a long match's repeat fills a verify of up to N tokens, as the "
-                        "engine's --lookup-span (default off)")
-    p.add_argument("--branches", type=branches_arg, default=None, metavar="MxK|off",
-                   help="verify proposal trees, as the engine's --branches (default off)")
-    p.add_argument("--siblings", type=siblings_arg, default=None, metavar="MxK|off",
-                   help="verify sibling trees, as the engine's --siblings (default off)")
-    p.add_argument("--draft-tree", choices=["on", "off"], default="off",
-                   help="verify the draft's likeliest trees, as the engine's --draft-tree "
-                        "(default off)")
     p.add_argument("--copy-odds", type=copy_odds_arg, default=None, metavar="P|off",
                    help="finish the draft's proposals from the context at these odds, as the "
                         "engine's --copy-odds (default off)")
-    p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
-                   help="a second draft pass over the drafts the draft gives at least P "
-                        "(the engine's option; default off)")
-    p.add_argument("--token-chain", choices=["on", "off"], default="on",
-                   help="a draft's token chain, where it has one (default on: part of the "
-                        "draft measured; the engine leaves it off by default)")
     p.add_argument("--check-plain", action="store_true",
                    help="also decode plainly (mlx-lm) and check every reply is identical")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
-                          lookup_min_match=args.lookup, lookup_span=args.lookup_span,
-                          branches=args.branches, siblings=args.siblings,
-                          draft_tree=args.draft_tree == "on", copy_odds=args.copy_odds,
-                          refine=args.refine,
-                          token_chain=args.token_chain == "on")
+                          lookup_min_match=args.lookup, copy_odds=args.copy_odds)
     base = DFlashRuntime.from_pretrained(model=args.model, config=config,
                                          draft=args.draft[0] if args.model else None)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
               "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
-              "lookup_min_match": args.lookup, "lookup_span": args.lookup_span,
-              "branches": list(args.branches) if args.branches else None,
-              "siblings": list(args.siblings) if args.siblings else None,
-              "draft_tree": args.draft_tree,
-              "copy_odds": args.copy_odds, "refine": args.refine,
-              "token_chain": args.token_chain, "check_plain": args.check_plain,
+              "lookup_min_match": args.lookup, "copy_odds": args.copy_odds,
+              "check_plain": args.check_plain,
               "machine": machine_info(),
               "versions": versions(), "drafts": {}}
     plain: dict[tuple[str, str], list[int]] = {}  # (suite, prompt id) -> mlx-lm's reply

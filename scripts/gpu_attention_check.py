@@ -5,12 +5,10 @@
 (a) The kernel against attention computed in float32 from the same bf16/fp16 inputs, and
     MLX's own attention (its unfused fallback for these shapes) against the same reference:
     the kernel passes when its error is within MLX's own (plus a small tolerance). Cases:
-    the SmolLM2 and a Qwen3-8B head layout, 2..16 queries, causal, unmasked or a pipelined
-    verify's boolean mask (the masked variant), key lengths from the block alone to a long
-    history, keys read from a larger cache buffer (strided).
+    the SmolLM2 and a Qwen3-8B head layout, 2..16 queries, causal or unmasked, key lengths
+    from the block alone to a long history, keys read from a larger cache buffer (strided).
 (b) Timing: 30 layers' attention at a 16-token verify's shape, the kernel against MLX's
-    (`timing`: SmolLM2 over a 300-token history; `timing_masked`: the same with a pipelined
-    verify's mask), and across history lengths for both
+    (`timing`: SmolLM2 over a 300-token history), and across history lengths for both
     layouts (`timing_by_keys`): the kernel walks the keys one at a time per warp, so where
     MLX's matmuls overtake it sets `cuda_attention.MAX_KEY_WORK`.
 Without CUDA the kernel parts say "skipped: no CUDA" and the harness checks MLX's attention
@@ -43,35 +41,20 @@ DTYPES = ("bfloat16", "float16")
 SLACK = 2e-3  # the kernel may exceed MLX's own error by this much (absolute)
 
 
-MASKS = ("causal", "none", "keys")  # "keys": a pipelined verify's boolean mask
+MASKS = ("causal", "none")
 
 
-def key_mask(L: int, S: int) -> mx.array:
-    """A pipelined verify's mask [L, S]: a scattered share of the history's keys (rejected
-    positions hidden), then the block causally."""
-    history = mx.broadcast_to((mx.arange(S - L) % 3 != 1)[None], (L, S - L))
-    return mx.concatenate([history, mx.tril(mx.ones((L, L), dtype=mx.bool_))], axis=1)
-
-
-def mask_of(kind: str, L: int, S: int) -> str | mx.array | None:
-    """The mask argument of a MASKS kind for L queries over S keys."""
-    if kind == "keys":
-        return key_mask(L, S)
-    return "causal" if kind == "causal" else None
-
-
-def reference(q: mx.array, k: mx.array, v: mx.array, scale: float,
-              mask: str | mx.array | None) -> mx.array:
+def reference(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None
+              ) -> mx.array:
     """Attention in float32, GQA by repeating KV heads."""
     q, k, v = (x.astype(mx.float32) for x in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = mx.repeat(k, rep, axis=1), mx.repeat(v, rep, axis=1)
     scores = (q * scale) @ k.transpose(0, 1, 3, 2)
     L, S = q.shape[2], k.shape[2]
-    if isinstance(mask, str):
-        mask = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None]
     if mask is not None:
-        scores = mx.where(mask, scores, -mx.inf)
+        scores = mx.where(mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None], scores,
+                          -mx.inf)
     return mx.softmax(scores, axis=-1) @ v
 
 
@@ -103,7 +86,7 @@ def check_cases(kernel: bool) -> list[dict]:
                             continue
                         q, k, v = inputs(hq, hkv, d, L, S, dtype, seed=L * 7 + S)
                         scale = d ** -0.5
-                        mask = mask_of(kind, L, S)
+                        mask = kind if kind == "causal" else None
                         ref = reference(q, k, v, scale, mask)
                         own = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
                                                                    mask=mask)
@@ -124,12 +107,12 @@ def check_cases(kernel: bool) -> list[dict]:
 
 
 def time_layers(kernel: bool, iters: int, layers: int = 30, hq: int = 9, hkv: int = 3,
-                d: int = 64, S: int = 316, kind: str = "causal") -> dict:
-    """`layers` layers' attention at a 16-token verify over an (S - 16)-token history
-    (default: SmolLM2 after a 300-token history), with the `kind` of mask (MASKS)."""
+                d: int = 64, S: int = 316) -> dict:
+    """`layers` layers' causal attention at a 16-token verify over an (S - 16)-token history
+    (default: SmolLM2 after a 300-token history)."""
     q, k, v = inputs(hq, hkv, d, 16, S, "bfloat16", seed=0)
     scale = d ** -0.5
-    mask = mask_of(kind, 16, S)
+    mask = "causal"
 
     def run(fn) -> float:
         times = []
@@ -171,8 +154,6 @@ def run_checks(iters: int) -> dict:
         report["harness_self_test"] = {"cases": len(cases),
                                        "mlx_err_max": max(c["mlx_err"] for c in cases)}
     report["timing"] = time_layers(cuda, iters if cuda else 3)
-    # a pipelined verify's (engine/pipeline.py): the masked variant against MLX's masked path
-    report["timing_masked"] = time_layers(cuda, iters if cuda else 3, kind="keys")
     report["timing_by_keys"] = sweep_keys(iters) if cuda else "skipped: no CUDA"
     return report
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import platform
 import shutil
 import sys
-import types
 
 import mlx.core as mx
 import numpy as np
@@ -135,11 +134,8 @@ def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypa
     monkeypatch.setenv(cpu_native.ENV, "on")
     assert cpu_attention.eligible(q, kv, kv, "causal", None, None)
     assert cpu_attention.eligible(q, kv, kv, None, None, None)
-    tree = types.SimpleNamespace(tree=True)  # a sibling tree's cache view
-    assert cpu_attention.eligible(q, kv, kv, mx.ones((2, 8), mx.bool_), tree, None)
     assert not cpu_attention.eligible(q, kv, kv, mx.ones((2, 8), mx.bool_), None, None)
-    assert not cpu_attention.eligible(q, kv, kv, mx.zeros((2, 8)), tree, None)  # additive
-    assert not cpu_attention.eligible(q, kv, kv, mx.ones((1, 2, 8), mx.bool_), tree, None)
+    assert not cpu_attention.eligible(q, kv, kv, mx.zeros((2, 8)), None, None)  # additive
     assert not cpu_attention.eligible(q, kv, kv, "causal", None, mx.zeros((4,)))
     half = q.astype(mx.bfloat16)
     assert not cpu_attention.eligible(half, kv, kv, "causal", None, None)
@@ -149,19 +145,6 @@ def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypa
     assert cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
     monkeypatch.setenv(cpu_native.ENV, "off")  # the switch: never, however big
     assert not cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
-
-
-def test_a_boolean_mask_masks_as_mlx_does(kernel, monkeypatch):
-    # a sibling tree's mask: every cached key, and a tree's own ancestors
-    monkeypatch.setenv(cpu_native.ENV, "on")
-    q, k, v = (mx.random.normal(shape, key=mx.random.key(i)) for i, shape in
-               enumerate([(1, 4, 5, 16), (1, 2, 12, 16), (1, 2, 12, 16)]))
-    tree = mx.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0],
-                     [1, 1, 0, 0, 1]], dtype=mx.bool_)
-    mask = mx.concatenate([mx.ones((5, 7), mx.bool_), tree], axis=1)
-    got = cpu_attention.sdpa(q, k, v, 0.25, mask)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
-    assert mx.allclose(got, want, atol=1e-5).item()
 
 
 def long_prompt(rt) -> list[int]:

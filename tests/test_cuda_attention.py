@@ -37,10 +37,8 @@ def test_applies_to_a_verify_block_of_low_precision_queries_only():
     assert not cuda_attention.applies(*qkv(dtype=mx.float32), "causal")  # fp32 stays exact
     assert not cuda_attention.applies(*qkv(d=48), "causal")
     assert not cuda_attention.applies(*qkv(hq=8, hkv=3), "causal")
-    # a boolean mask [L, S] (a pipelined verify's): the masked variant; other masks: MLX's
-    assert cuda_attention.applies(*qkv(), mx.zeros((16, 300), mx.bool_))
-    assert not cuda_attention.applies(*qkv(), mx.zeros((16, 299), mx.bool_))
-    assert not cuda_attention.applies(*qkv(), mx.zeros((1, 1, 16, 300), mx.bool_))
+    # an array mask: MLX's
+    assert not cuda_attention.applies(*qkv(), mx.zeros((16, 300), mx.bool_))
     assert not cuda_attention.applies(*qkv(), mx.zeros((16, 300), mx.bfloat16))  # additive
     assert not cuda_attention.applies(*qkv(), "causal", sinks=mx.zeros((9,)))
 
@@ -74,9 +72,9 @@ def pretend_cuda(monkeypatch):
     return monkeypatch
 
 
-def mlx_block_attention(q, k, v, scale, causal, mask=None):
-    return mx.fast.scaled_dot_product_attention(
-        q, k, v, scale=scale, mask=mask if mask is not None else "causal" if causal else None)
+def mlx_block_attention(q, k, v, scale, causal):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                mask="causal" if causal else None)
 
 
 def test_a_kernel_that_passes_the_start_up_check_stays_on(pretend_cuda, capsys):
@@ -105,8 +103,8 @@ def test_a_kernel_that_does_not_compile_here_falls_back_to_mlx(pretend_cuda, cap
 
 def test_a_kernel_with_wrong_results_is_turned_off(pretend_cuda, capsys):
     pretend_cuda.setattr(cuda_attention, "block_attention",
-                         lambda q, k, v, scale, causal, mask=None: mlx_block_attention(
-                             q, k, v, scale, causal, mask) + 0.1)
+                         lambda q, k, v, scale, causal: mlx_block_attention(
+                             q, k, v, scale, causal) + 0.1)
     assert "off by" in cuda_attention.check()
     assert not cuda_attention.enabled()
     pretend_cuda.setenv(cuda_attention.MODE_ENV, "mlx")
@@ -149,11 +147,10 @@ def test_check_script_proves_its_harness_without_cuda(tmp_path):
                     "--out", str(out), "--iters", "3"], check=True, capture_output=True)
     report = json.loads(out.read_text())
     assert report["exactness"]["status"] == "skipped: no CUDA"
-    assert report["harness_self_test"]["cases"] == 108  # 72 causal or unmasked, 36 masked
+    assert report["harness_self_test"]["cases"] == 72  # causal or unmasked
     # the float32 reference agrees with MLX's attention to bf16/fp16 rounding
     assert 0 < report["harness_self_test"]["mlx_err_max"] < 0.05
     assert report["timing"]["mlx_ms"] > 0 and "kernel_ms" not in report["timing"]
-    assert report["timing_masked"]["mlx_ms"] > 0
     assert report["timing_by_keys"] == "skipped: no CUDA"
 
 
@@ -177,45 +174,5 @@ def test_on_cuda_with_the_kernel_on_target_layers_route_through_it(monkeypatch):
     got = cpu_attention.cuda_scaled_dot_product_attention(q, k, v, None, 0.125, "causal")
     assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125,
                                                                      mask="causal"))
-    # a pipelined verify's boolean mask reaches the masked variant
-    calls = []
-    monkeypatch.setattr(cuda_attention, "_mask_failed", None)
-    monkeypatch.setattr(cuda_attention, "block_attention",
-                        lambda q, k, v, scale, causal, mask=None: calls.append(
-                            (causal, None if mask is None else mask.shape)) or q)
-    q, k, v = qkv(L=4, S=20)
-    cpu_attention.cuda_scaled_dot_product_attention(q, k, v, None, 0.125,
-                                                    mx.ones((4, 20), mx.bool_))
-    assert calls == [(False, (4, 20))]
 
 
-def test_a_masked_variant_that_fails_its_check_leaves_the_unmasked_kernel_on(pretend_cuda, capsys):
-    pretend_cuda.setattr(cuda_attention, "_mask_failed", None)
-
-    def unmasked_only(q, k, v, scale, causal, mask=None):
-        out = mlx_block_attention(q, k, v, scale, causal, mask)
-        return out if mask is None else out + 0.1  # the masked variant is wrong
-
-    pretend_cuda.setattr(cuda_attention, "block_attention", unmasked_only)
-    assert cuda_attention.check() is None and cuda_attention.enabled()
-    assert "masked variant failed" in capsys.readouterr().err
-    assert cuda_attention.state().startswith("kernel (masked verifies: mlx, ValueError")
-    assert cuda_attention.applies(*qkv(), "causal")
-    assert not cuda_attention.applies(*qkv(), mx.zeros((16, 300), mx.bool_))
-
-
-def test_a_masked_call_reaches_the_masked_variant(pretend_cuda):
-    pretend_cuda.setattr(cuda_attention, "_mask_failed", None)
-    calls = []
-
-    def recorded(q, k, v, scale, causal, mask=None):
-        calls.append((causal, mask is not None))
-        return mlx_block_attention(q, k, v, scale, causal, mask)
-
-    pretend_cuda.setattr(cuda_attention, "block_attention", recorded)
-    q, k, v = (mx.random.normal((1, 2, n, 64)).astype(mx.bfloat16) for n in (4, 30, 30))
-    seen = mx.arange(30)[None] <= mx.arange(26, 30)[:, None]  # the causal rows, as a mask
-    got = cuda_attention.scaled_dot_product_attention(q, k, v, 0.125, seen)
-    want = cuda_attention.scaled_dot_product_attention(q, k, v, 0.125, "causal")
-    assert calls == [(False, True), (True, False)]
-    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32)).item()

@@ -23,7 +23,7 @@ def test_check_plain_records_each_reply_identical_and_fails_on_a_difference(
         tiny_pairs, tmp_path, monkeypatch):
     target, draft = tiny_pairs("llama")
     args = ["--model", str(target), "--draft", str(draft), "--suite", "gsm8k", "--limit", "2",
-            "--max-tokens", "12", "--draft-tree", "on", "--check-plain"]
+            "--max-tokens", "12", "--check-plain"]
     report = tmp_path / "same.json"
     assert acceptance.main([*args, "--json", str(report)]) == 0
     rows = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]

@@ -12,10 +12,7 @@ Its rounding differs from the fallback's (fp32 throughout), so it serves bf16/fp
 only, whose verify is held to the near-tie rule anyway; float32 keeps MLX's own ops and stays
 bit-identical to plain decoding. scripts/gpu_attention_check.py proves it on the GPU against a
 float32 reference (never further off than MLX's own attention), so it is on by default on
-CUDA; DFLASH_GPU_ATTENTION=mlx keeps MLX's attention everywhere. A pipelined verify
-(engine/pipeline.py) passes a boolean mask [L, S] instead of the causal one (rejected
-positions stay in its caches, hidden): a second variant of the kernel skips the keys it hides,
-with a start-up check of its own, so a failure there leaves the unmasked kernel on.
+CUDA; DFLASH_GPU_ATTENTION=mlx keeps MLX's attention everywhere.
 """
 
 from __future__ import annotations
@@ -39,10 +36,6 @@ MAX_QUERIES = 16  # a block: longer queries (prefill) keep MLX's attention
 MAX_KEY_WORK = 4096 * 9 * 64
 CHECK_TOLERANCE = 0.02  # a half-precision output's rounding, not a wrong result
 _failed: str | None = None  # why the start-up check turned the kernel off in this process
-_mask_failed: str | None = None  # why it turned the masked variant off
-# A masked variant's key loop skips the keys its row may not see (the test is warp-uniform:
-# a warp's lanes share the key j).
-MASK_FILTER = "if (!mask[i * mask_strides[0] + j * mask_strides[1]]) continue;"
 WARPS = 4
 
 SOURCE = r"""
@@ -72,7 +65,6 @@ SOURCE = r"""
     const T* kb = k + b * k_strides[0] + hk * k_strides[1];
     const T* vb = v + b * v_strides[0] + hk * v_strides[1];
     for (int j = warp; j < n_keys; j += NW) {
-      KEY_FILTER
       const T* kp = kb + j * k_strides[2];
       float s = 0.0f;
 #pragma unroll
@@ -148,11 +140,10 @@ def mode() -> str:
 
 def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None) -> bool:
     """Whether `block_attention` computes this call: a block of 2..16 bf16/fp16 queries over
-    at most MAX_KEY_WORK keys x query heads x head size, no mask, the causal one or a
-    boolean [L, S] one (`key_mask_applies`), head size a multiple of 32 (<= 256), whole GQA
-    groups."""
+    at most MAX_KEY_WORK keys x query heads x head size, no mask or the causal one, head
+    size a multiple of 32 (<= 256), whole GQA groups."""
     causal = isinstance(mask, str) and mask == "causal"
-    if sinks is not None or not (mask is None or causal or key_mask_applies(q, k, mask)):
+    if sinks is not None or not (mask is None or causal):
         return False
     if q.dtype not in (mx.bfloat16, mx.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
@@ -160,13 +151,6 @@ def applies(q: mx.array, k: mx.array, v: mx.array, mask: Any, sinks: Any = None)
     return (2 <= L <= MAX_QUERIES and D % 32 == 0 and D <= 256 and v.shape[3] == D
             and q.shape[1] % k.shape[1] == 0 and k.shape[2] >= L
             and key_work(q, k) <= MAX_KEY_WORK)
-
-
-def key_mask_applies(q: mx.array, k: mx.array, mask: Any) -> bool:
-    """Whether `mask` is one the masked variant takes: boolean, [L, S] (one row per query,
-    one column per key, the same for every head), and that variant passed its check."""
-    return (isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim == 2
-            and mask.shape == (q.shape[2], k.shape[2]) and _mask_failed is None)
 
 
 def key_work(q: mx.array, k: mx.array) -> int:
@@ -181,26 +165,21 @@ def _scale(value: float) -> mx.array:
 
 
 @cache
-def _kernel(masked: bool = False) -> Any:
-    """The kernel, or with `masked` its variant that reads a boolean mask [L, S]."""
+def _kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="dflash_block_attention" + ("_masked" if masked else ""),
-        input_names=["q", "k", "v", "scale"] + (["mask"] if masked else []),
-        output_names=["out"], source=SOURCE.replace("KEY_FILTER", MASK_FILTER if masked else ""),
-        ensure_row_contiguous=False)
+        name="dflash_block_attention", input_names=["q", "k", "v", "scale"],
+        output_names=["out"], source=SOURCE, ensure_row_contiguous=False)
 
 
 def block_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
-                    causal: bool, mask: mx.array | None = None) -> mx.array:
+                    causal: bool) -> mx.array:
     """q [B, Hq, L, D], k and v [B, Hkv, S, D] (any strides) -> [B, Hq, L, D] in q's dtype:
-    softmax(scale * q @ k.T, causal: row i sees keys up to S - L + i; `mask` [L, S] bool:
-    row i sees the keys where mask[i] holds) @ v."""
+    softmax(scale * q @ k.T, causal: row i sees keys up to S - L + i) @ v."""
     B, Hq, L, D = q.shape
-    masked = mask is not None
-    (out,) = _kernel(masked)(
-        inputs=[q, k, v, _scale(float(scale))] + ([mask] if masked else []),
+    (out,) = _kernel()(
+        inputs=[q, k, v, _scale(float(scale))],
         template=[("T", q.dtype), ("D", D), ("EPL", D // 32), ("NW", WARPS),
-                  ("CAUSAL", causal and not masked)],
+                  ("CAUSAL", causal)],
         grid=(32 * WARPS, Hq, B * L),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=[(B, Hq, L, D)],
@@ -217,12 +196,9 @@ def enabled() -> bool:
 
 def state() -> str:
     """What a verify block's attention runs on this device, for reports: "kernel", "mlx", or
-    "mlx (...)" with the reason the start-up check gave (and the masked variant's, where only
-    it failed)."""
+    "mlx (...)" with the reason the start-up check gave."""
     if _failed is not None:
         return f"mlx ({_failed})"
-    if enabled() and _mask_failed is not None:
-        return f"kernel (masked verifies: mlx, {_mask_failed})"
     return "kernel" if enabled() else "mlx"
 
 
@@ -231,38 +207,29 @@ def check() -> str | None:
     own attention, outside any compiled graph (the runtime calls this before its warm-up).
     A GPU or toolkit where it fails keeps MLX's attention for the rest of the process, with
     one line on stderr instead of an error mid-reply. -> why it failed, or None."""
-    global _failed, _mask_failed
+    global _failed
     if not enabled():
         return _failed
-    _failed = _checked(None)
+    _failed = _checked()
     if _failed is not None:
         print(f"dflash: the fused block attention failed its start-up check on this GPU "
               f"({_failed}); MLX's attention runs instead. Set {MODE_ENV}=mlx to skip the "
               f"check.", file=sys.stderr)
-        return _failed
-    # the masked variant: a row sees a scattered set of keys (a pipelined verify's mask)
-    _mask_failed = _checked((mx.arange(40)[None] % 3 != 1) | (mx.arange(40)[None] >= 37))
-    if _mask_failed is not None:
-        print(f"dflash: the fused block attention's masked variant failed its start-up check "
-              f"on this GPU ({_mask_failed}); masked verifies (--pipeline) use MLX's "
-              f"attention.", file=sys.stderr)
     return _failed
 
 
-def _checked(mask: mx.array | None) -> str | None:
-    """Run the kernel (with `mask` [1, 40] broadcast over its 3 rows: the masked variant) on
-    a small block of each half precision against MLX's attention. -> why it failed, or
-    None."""
+def _checked() -> str | None:
+    """Run the kernel on a small block of each half precision against MLX's attention.
+    -> why it failed, or None."""
     try:
         keys = mx.random.split(mx.random.key(0), 3)
-        rows = None if mask is None else mx.broadcast_to(mask, (3, 40))
         for dtype in (mx.bfloat16, mx.float16):
             q, k, v = (mx.random.normal((1, 4, n, 64), key=key).astype(dtype)
                        for key, n in zip(keys, (3, 40, 40)))
-            got = block_attention(q, k, v, 0.125, causal=False, mask=rows)
+            got = block_attention(q, k, v, 0.125, causal=False)
             # the reference reads the same rounded inputs, in float32
             want = mx.fast.scaled_dot_product_attention(
-                *(x.astype(mx.float32) for x in (q, k, v)), scale=0.125, mask=rows)
+                *(x.astype(mx.float32) for x in (q, k, v)), scale=0.125)
             err = float(mx.max(mx.abs(got.astype(mx.float32) - want)))
             if not err <= CHECK_TOLERANCE:  # also catches nan
                 raise ValueError(f"{dtype} output off by {err:.3g} from MLX's attention")
@@ -281,7 +248,5 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, scale: f
 
 
 def routed(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any) -> mx.array:
-    """`block_attention` for a call that `applies`: mask None, "causal" or boolean [L, S]."""
-    if isinstance(mask, mx.array):
-        return block_attention(q, k, v, scale, causal=False, mask=mask)
+    """`block_attention` for a call that `applies`: mask None or "causal"."""
     return block_attention(q, k, v, scale, causal=mask is not None)

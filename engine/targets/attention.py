@@ -21,14 +21,13 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
 from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
-from .cpu_attention import MODULES, KernelProjections, attention_call, kernel_sized
+from .cpu_attention import KernelProjections, attention_call, kernel_sized
 
 # Decoder layers whose __call__ is r = self_attn(input_layernorm(x), mask, cache);
 # h = x + r; out = h + mlp(post_attention_layernorm(h)) (mistral loads as llama).
@@ -47,9 +46,8 @@ def second_half(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
 
 
 class RowsView:
-    """A KV cache as a verify of R rows sees it: every row attends to the cache's tokens and
-    to its own; the rows' new keys and values wait here until one row is kept
-    (`AttentionAdapter.keep_row`)."""
+    """A KV cache as a forward of R rows sees it: every row attends to the cache's tokens and
+    to its own; the rows' new keys and values wait here, the cache unchanged."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
@@ -75,44 +73,6 @@ class RowsView:
                 mx.take(self.values, index.reshape(1), axis=0))
 
 
-class TreeView:
-    """A KV cache as a tree's verify sees it (engine/tree.py): new entries after the cache's,
-    each at its own position (`offset`: a vector [T], for `PerTokenRope`); they stay here too,
-    for `AttentionAdapter.keep_path` to re-append a kept off-row node's."""
-
-    tree = True
-    keys: mx.array | None = None
-    values: mx.array | None = None
-
-    def __init__(self, cache: Any, position: mx.array) -> None:
-        self.cache = cache
-        self.offset = position
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.keys, self.values = keys, values
-        return self.cache.update_and_fetch(keys, values)
-
-
-class PerTokenRope:
-    """An attention module as its own __call__ sees `self` in a sibling tree's verify: RoPE at
-    each token's own position, `cache.offset` being a vector [T] (tokens at one depth share
-    one). Each token becomes its own batch entry, which mx.fast.rope offsets one by one."""
-
-    def __init__(self, module: Any) -> None:
-        self._module = module
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._module, name)
-
-    def rope(self, x: mx.array, offset: Any = 0) -> mx.array:
-        if not isinstance(offset, mx.array) or offset.ndim == 0:
-            return self._module.rope(x, offset=offset)
-        # [1, H, T, D] -> [T, H, 1, D]: token t at offset[t]
-        return self._module.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
-
-
 class AttentionAdapter(TargetAdapter):
     family = "attention"
     model_types = ("llama", "qwen2", "qwen3", "mistral")
@@ -121,9 +81,6 @@ class AttentionAdapter(TargetAdapter):
         super().__init__(model)
         self._halves: list[Callable[[mx.array, mx.array], mx.array]] | None = None
         self._verifying = False
-        self._rows: list[RowsView] = []  # the caches as the last verify of rows saw them
-        self._visible: mx.array | None = None  # a tree's verify's mask (forward_tree)
-        self._tree_views: list[TreeView] = []  # the caches as the last tree's verify saw them
         self.compile_halves(current() != "cpu")
         self._attend = [attention_call(layer.self_attn) if type(layer) in SPLIT_LAYERS else None
                         for layer in self.layers]
@@ -139,53 +96,6 @@ class AttentionAdapter(TargetAdapter):
         on = on and all(type(layer) in SPLIT_LAYERS for layer in self.layers)
         self._halves = [second_half(layer) for layer in self.layers] if on else None
         return on
-
-    @property
-    def verifies_rows(self) -> bool:
-        """Whether a verify may hold several rows (not sharded)."""
-        return self.lockstep is None
-
-    def keep_row(self, cache: list[Any], row: mx.array) -> None:
-        """After a verify of several rows: write row `row`'s (a scalar on the device) keys
-        and values into the caches, as a one-row verify of it would have."""
-        for c, view in zip(cache, self._rows):
-            c.update_and_fetch(*view.row(row))
-        self._rows = []
-
-    @property
-    def verifies_trees(self) -> bool:
-        """Whether a verify may hold a sibling tree: plain causal attention layers whose
-        attention module's own code the tree's positions can be given to (not sharded)."""
-        return self.lockstep is None and all(
-            type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
-            and type(layer.self_attn) in MODULES for layer in self.layers)
-
-    def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                     depths: Sequence[int], ancestry: np.ndarray) -> tuple[mx.array, mx.array]:
-        held = self.cache_length(cache)
-        positions = mx.array([held + d for d in depths])
-        self._visible = mx.concatenate([mx.ones((len(depths), held), dtype=mx.bool_),
-                                        mx.array(ancestry)], axis=1)
-        self._verifying = True  # the compiled layer halves
-        self._tree_views = [TreeView(c, positions) for c in cache]
-        try:
-            return super().forward(tokens, self._tree_views, tap_ids)
-        finally:
-            self._visible, self._verifying = None, False
-
-    def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
-        self._verifying = False
-        views, self._tree_views = self._tree_views, []
-        # the path's nodes up to its first off the chain are in place
-        chain = next((i for i, node in enumerate(path) if node != i), len(path))
-        for c in cache:
-            c.trim(verified - chain)
-        if chain < len(path):  # a sibling kept: its entries re-appended, from the verify's own
-            # (not the cache's buffer, which an update that read it could not write in place)
-            moved = mx.array(path[chain:])
-            for c, view in zip(cache, views, strict=True):
-                c.update_and_fetch(mx.take(view.keys, moved, axis=2),
-                                   mx.take(view.values, moved, axis=2))
 
     @property
     def can_peek(self) -> bool:
@@ -229,13 +139,6 @@ class AttentionAdapter(TargetAdapter):
                 aside.set(restore)  # type: ignore[union-attr]
         return states
 
-    def forward(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                last_only: bool = False) -> tuple[mx.array, mx.array]:
-        if tokens.shape[0] > 1 and self._verifying:  # rows of one proposal tree
-            self._rows = [RowsView(c) for c in cache]
-            return super().forward(tokens, self._rows, tap_ids, last_only)
-        return super().forward(tokens, cache, tap_ids, last_only)
-
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """Trace the compiled halves and build the kernels of a full-block verify (tapping the
         draft's `tap_ids`) on a scratch cache: on a GPU the first one otherwise stalls the
@@ -253,8 +156,6 @@ class AttentionAdapter(TargetAdapter):
         return 0
 
     def _masks(self, h: mx.array, cache: list[Any]) -> dict[str, Any]:
-        if self._visible is not None:
-            return {"attention": self._visible}
         return {"attention": create_attention_mask(h, cache[0])}
 
     def _layer_forward(self, index: int, layer: nn.Module, h: mx.array, masks, cache) -> mx.array:
@@ -263,14 +164,10 @@ class AttentionAdapter(TargetAdapter):
         attend = self._attend[index]
         half = self._halves[index] if self._verifying and self._halves is not None else None
         written_out = self.cpu_mlp and type(layer) in SPLIT_LAYERS  # the layer's own code
-        tree = isinstance(cache, TreeView)  # a tree's verify (forward_tree)
-        if attend is None and half is None and not written_out and not tree:
+        if attend is None and half is None and not written_out:
             return layer(h, masks["attention"], cache=cache)
         x = layer.input_layernorm(h)
-        if tree:  # the module's own code, its RoPE at each token's position
-            call = attend or type(layer.self_attn).__call__
-            r = call(PerTokenRope(self._attention[index]), x, masks["attention"], cache)
-        elif attend is None:
+        if attend is None:
             r = layer.self_attn(x, masks["attention"], cache)
         else:
             r = attend(self._attention[index], x, masks["attention"], cache)

@@ -16,7 +16,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2, qwen3, qwen3_next
 from mlx_lm.models.base import gather_last_axis
@@ -175,36 +174,6 @@ class TargetAdapter:
     def cache_length(self, cache: list[Any]) -> int:
         """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
-
-    @property
-    def verifies_rows(self) -> bool:
-        """Whether a verify may hold several rows of one proposal tree, each a whole block
-        after the cache's tokens (`forward` on [R, T] tokens, then `keep_row`). Families
-        whose caches cannot (recurrent states) say no."""
-        return False
-
-    def keep_row(self, cache: list[Any], row: mx.array) -> None:
-        """After a verify of several rows: keep row `row` (a scalar on the device) in the
-        caches, as a one-row verify of it would have."""
-        raise NotImplementedError
-
-    @property
-    def verifies_trees(self) -> bool:
-        """Whether a verify may hold a sibling tree (engine/tree.py: `forward_tree`, then
-        `keep_path`). Families whose caches cannot (recurrent states) say no."""
-        return False
-
-    def forward_tree(self, tokens: mx.array, cache: list[Any], tap_ids: Sequence[int],
-                     depths: Sequence[int], ancestry: np.ndarray) -> tuple[mx.array, mx.array]:
-        """`forward` of a tree's tokens [1, T] after the cache's (engine/tree.py): each
-        at its `depths` position past them, attending to the cache's tokens and to the nodes
-        its row of `ancestry` [T, T] (bool) holds."""
-        raise NotImplementedError
-
-    def keep_path(self, cache: list[Any], path: Sequence[int], verified: int) -> None:
-        """After `forward_tree` of `verified` tokens: keep the entries of the tree's nodes
-        `path` (in order), as a verify of those tokens alone would have."""
-        raise NotImplementedError
 
     @property
     def can_peek(self) -> bool:

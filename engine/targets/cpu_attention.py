@@ -35,10 +35,8 @@ MODULES = (llama.Attention, qwen2.Attention, qwen3.Attention, qwen3_next.Qwen3Ne
 MIN_SCORES = 1 << 14
 
 
-def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.array | None
-         ) -> mx.array:
-    """mlx/fast.cpp's fallback op for op (mask None, "causal" or a boolean array [L, keys]:
-    a sibling tree's), its softmax in place."""
+def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
+    """mlx/fast.cpp's fallback op for op (mask None or "causal"), its softmax in place."""
     n_q, L = q.shape[1], q.shape[2]
     n_kv = k.shape[1]
     q = mx.array(scale, dtype=q.dtype) * q
@@ -46,8 +44,6 @@ def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.arr
         q = mx.unflatten(q, 1, (n_kv, n_q // n_kv))
         k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
     scores = q @ mx.swapaxes(k, -1, -2)
-    if isinstance(mask, mx.array):
-        scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
     mx.eval(scores)
     causal = isinstance(mask, str) and mask == "causal"
     offset = k.shape[-2] - L if causal else None  # the kernel applies the causal mask
@@ -62,10 +58,7 @@ def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.arr
 
 def eligible(q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, sinks: Any) -> bool:
     causal = isinstance(mask, str) and mask == "causal"
-    # a sibling tree's mask (its cache view says so)
-    boolean = (getattr(cache, "tree", False) and isinstance(mask, mx.array)
-               and mask.dtype == mx.bool_ and mask.shape == (q.shape[-2], k.shape[-2]))
-    if sinks is not None or hasattr(cache, "bits") or not (mask is None or causal or boolean):
+    if sinks is not None or hasattr(cache, "bits") or not (mask is None or causal):
         return False
     if q.dtype != mx.float32 or k.dtype != mx.float32 or v.dtype != mx.float32:
         return False
