@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .lookup import MAX_LOOKUP_SPAN, MIN_MATCH
+from .lookup import MIN_MATCH
 
 MIN_BLOCK_SIZE = 2
 MAX_BLOCK_SIZE = 16
@@ -56,13 +56,6 @@ class DFlashConfig:
     # prompt and themselves, and there the repeat runs further than the draft reaches.
     # Lossless: the target verifies it like a draft. None: the draft proposes every cycle.
     lookup_min_match: int | None = MIN_MATCH
-    # A long match's repeat (lookup.SPAN_MATCH tokens or more: a loop, nearly always) fills
-    # a verify of up to this many tokens, past the draft's block: a loop runs on, and one
-    # verify of N tokens costs less than the N / block cycles it replaces. On the 2-core CPU
-    # it lifts tokens/cycle but not speed (its long verifies cost as much as they save:
-    # benchmarks/stage29/), so it is off until a GPU measures it. None: the
-    # block's size. Lossless: the target verifies the repeat.
-    lookup_span: int | None = None
     # Queue each cycle's next draft forward before the cycle's one host sync, on the verify's
     # outputs still on the device, so that the device can draft while the host reads the
     # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
@@ -148,11 +141,6 @@ class DFlashConfig:
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 2):
             raise ConfigError(f"lookup_min_match={m!r}: use a token count of at least 2, or "
                               "None (no lookup: the draft proposes every cycle)")
-        n = self.lookup_span
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool)
-                              or not 2 <= n <= MAX_LOOKUP_SPAN):
-            raise ConfigError(f"lookup_span={n!r}: use a token count from 2 to "
-                              f"{MAX_LOOKUP_SPAN}, or None (no verify past the block)")
         if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync), False or 'auto'")
@@ -243,10 +231,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="where the last N or more tokens occurred before in the prompt or "
                         "reply, propose what followed them instead of a draft forward "
                         f"(default {MIN_MATCH}); 'off': the draft every cycle")
-    p.add_argument("--lookup-span", type=lookup_span_arg, default=None, metavar="N|off",
-                   help="a long lookup match's repeat (a loop) fills a verify of up to N "
-                        "tokens, past the draft's block, e.g. 64 (default off: the block's "
-                        "size; no faster on a 2-core CPU)")
     p.add_argument("--copy-odds", type=copy_odds_arg, default="auto", metavar="auto|P|off",
                    help="finish greedy draft proposals from the context: slot by slot, the "
                         "token that followed the longest earlier n-gram the reply so far "
@@ -351,7 +335,6 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
-                        lookup_span=args.lookup_span,
                         copy_odds=args.copy_odds, refine=args.refine,
                         token_chain=args.token_chain == "on",
                         chat_template_args=args.chat_template_args, **more)
@@ -413,15 +396,6 @@ def refine_arg(text: str) -> float | None:
 def lookup_arg(text: str) -> int | None:
     """argparse type for --lookup: a match length of at least 2, or 'off'."""
     return _count_or_off(text, 2, "token")
-
-
-def lookup_span_arg(text: str) -> int | None:
-    """argparse type for --lookup-span: a verify length from 2 to MAX_LOOKUP_SPAN, or 'off'."""
-    value = _count_or_off(text, 2, "token")
-    if value is not None and value > MAX_LOOKUP_SPAN:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a token count of at most "
-                                         f"{MAX_LOOKUP_SPAN}, or 'off'")
-    return value
 
 
 def stream_arg(text: str) -> int | str | None:

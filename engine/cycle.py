@@ -19,7 +19,7 @@ from .dflash2 import CandidateSelector, DFlash2Draft
 from .draft import DFlashDraft, TokenChain
 from .draft_head import DraftHead
 from .events import CycleStats
-from .lookup import SPAN_MATCH, ContextCopy, SuffixLookup
+from .lookup import ContextCopy, SuffixLookup
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
@@ -481,9 +481,6 @@ class DraftProposer:
     refine: float | None = None
     # Greedy proposals rescored by the draft's token chain where it has one (`chained_logits`)
     token_chain: bool = True
-    # A long match's repeat may fill a verify of up to this many tokens, past the block
-    # (`repeat_count`); None: the block's size.
-    lookup_span: int | None = None
     # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
     # sets them
     target_cache: list[Any] = field(default_factory=list)
@@ -508,25 +505,14 @@ class DraftProposer:
         if self.copy is not None:
             self.copy.extend(tokens)
 
-    def _looked_up(self, size: int, room: int | None = None) -> tuple[int, list[int]]:
-        """The lookup's proposal and its match's length ((0, []) when there is none): up to
-        `repeat_count` tokens."""
+    def _looked_up(self, size: int) -> tuple[int, list[int]]:
+        """The lookup's proposal (size - 1 tokens) and its match's length ((0, []) when there
+        is none)."""
         found = (0, [])
         if self.lookup is not None and size > 1:
-            match = self.lookup.match()
-            found = self.lookup.follow(match, self.repeat_count(match[0], size, room))
+            found = self.lookup.propose(size - 1)
         self.took_repeat = bool(found[1])
         return found
-
-    def repeat_count(self, length: int, size: int, room: int | None) -> int:
-        """The tokens a lookup match of `length` proposes: size - 1; for a long match at
-        least SPAN_MATCH long, up to `lookup_span` - 1 where the reply has `room` for them
-        (a repeat that long is usually a loop, which runs on past any block, and a longer
-        verify costs less than the cycles it saves)."""
-        if (self.lookup_span is None or room is None
-                or length < max(SPAN_MATCH, self.lookup_min_match)):
-            return size - 1
-        return max(size, min(self.lookup_span, room)) - 1
 
     @property
     def tap_ids(self) -> Sequence[int]:
@@ -567,11 +553,9 @@ class DraftProposer:
             for c in self.cache:
                 c.trim(drop)
 
-    def propose(self, staged: int, size: int, position: int, room: int | None = None
-                ) -> mx.array:
-        """The verify input [1, <= size] (longer only for a long match's repeat, up to
-        `room` tokens: `repeat_count`)."""
-        length, found = self._looked_up(size, room)
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
+        """The verify input [1, <= size]."""
+        length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
@@ -597,11 +581,11 @@ class DraftProposer:
         return self.lookup.min_match if self.lookup is not None else 0
 
     def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler,
-                        room: int | None = None) -> tuple[mx.array, mx.array]:
+) -> tuple[mx.array, mx.array]:
         """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
         A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
         a token is kept with the target's probability of it, else redrawn without it."""
-        length, found = self._looked_up(size, room)
+        length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
@@ -745,9 +729,9 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         size = min(block_size, room)
         clock = PhaseClock(sync_phases)
         if sampler is None:
-            verify_in = proposer.propose(staged, size, position, room=room)
+            verify_in = proposer.propose(staged, size, position)
         else:
-            verify_in, q = proposer.propose_sampled(staged, size, position, sampler, room=room)
+            verify_in, q = proposer.propose_sampled(staged, size, position, sampler)
         (verify_in,) = target.agree(verify_in)  # sharded: rank 0's drafts for every rank
         size = verify_in.shape[1]
         draft_s = clock.lap(verify_in)

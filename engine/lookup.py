@@ -16,11 +16,6 @@ from dataclasses import dataclass, field
 MIN_MATCH = 5  # picked on held-out answers: benchmarks/stage13/lookup-study-cpu.json
 SHORT_MATCH = 2  # shorter matches than min_match: an alternative to the draft's proposal
 MAX_MATCH = 64
-# With --lookup-span, a match at least this long (a loop, nearly always, by then) fills a
-# verify past the block (cycle.DraftProposer.repeat_count): shorter ones rarely run past it
-# (benchmarks/stage29/span-study-cpu.json, scripts/span_study.py)
-SPAN_MATCH = 16
-MAX_LOOKUP_SPAN = 256  # a verify's length bounds its activations' memory
 RECENT = 4  # earlier occurrences compared per proposal, most recent first
 
 

@@ -193,7 +193,6 @@ class DFlashRuntime:
             "block_size": self.block_size,
             "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
             "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
-            "lookup_span": self.config.lookup_span,  # None: no verify past the block
             "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
@@ -277,8 +276,7 @@ class DFlashRuntime:
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, copy=copy,
                              copy_odds=self.copy_odds or 0.0, refine=self.config.refine,
-                             token_chain=self.token_chain,
-                             lookup_span=self.config.lookup_span)
+                             token_chain=self.token_chain)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

@@ -49,28 +49,6 @@ def test_looked_up_proposals_stay_lossless(tiny_pairs, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_long_repeats_fill_verifies_past_the_block_losslessly(tiny_pairs, family, monkeypatch):
-    """A long match's repeat fills verifies of up to `lookup_span` tokens, longer than the
-    block, and never more than the reply has room for; the output stays the target's greedy.
-    Matches shorter than SPAN_MATCH keep to the block."""
-    import engine.cycle
-
-    monkeypatch.setattr(engine.cycle, "SPAN_MATCH", 2)  # the tiny targets' loops are short
-    ids = None
-    for n in (200, 37):
-        rt = load(tiny_pairs, family, REPEATING, lookup_min_match=2, lookup_span=40)
-        ids = ids or rt.encode("one two one two one two")
-        result = rt.generate(ids, max_tokens=n, no_eos=True)
-        assert result.tokens == plain_greedy(rt.model, ids, n)
-        assert max(result.cycle_tokens) <= 40 and len(result.tokens) == n
-        assert n < 200 or max(result.cycle_tokens) > rt.block_size
-    monkeypatch.setattr(engine.cycle, "SPAN_MATCH", 10_000)
-    kept = rt.generate(ids, max_tokens=200, no_eos=True)
-    assert max(kept.cycle_tokens) <= rt.block_size
-    assert kept.tokens == plain_greedy(rt.model, ids, 200)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("odds", [0.0, 1e9])
 @pytest.mark.parametrize("cut", [None, 0.3])
 def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkeypatch):

@@ -84,28 +84,3 @@ def test_the_lookup_setting_is_checked_and_has_a_flag():
     assert config_from_args(bench.parse_args(["--prompt", "x"])).lookup_min_match == MIN_MATCH
     args = bench.parse_args(["--prompt", "x", "--lookup", "off"])
     assert config_from_args(args).lookup_min_match is None
-
-
-def test_the_lookup_span_setting_is_checked_and_has_a_flag():
-    import argparse
-
-    import pytest
-
-    from engine.bench.compare import build_parser
-    from engine.config import DFlashConfig, config_from_args, lookup_span_arg
-    from engine.errors import ConfigError
-    from engine.lookup import MAX_LOOKUP_SPAN
-
-    assert DFlashConfig().lookup_span is None
-    assert DFlashConfig(lookup_span=64).lookup_span == 64
-    for bad in (1, 0, True, 2.5, "40", MAX_LOOKUP_SPAN + 1):
-        with pytest.raises(ConfigError, match=r"lookup_span=.*from 2 to .*or None"):
-            DFlashConfig(lookup_span=bad)
-    assert [lookup_span_arg(t) for t in ("off", "2", "48")] == [None, 2, 48]
-    for bad in ("1", "auto", "-3", "many", "", str(MAX_LOOKUP_SPAN + 1)):
-        with pytest.raises(argparse.ArgumentTypeError, match="or 'off'"):
-            lookup_span_arg(bad)
-    bench = build_parser()
-    assert config_from_args(bench.parse_args(["--prompt", "x"])).lookup_span is None
-    args = bench.parse_args(["--prompt", "x", "--lookup-span", "48"])
-    assert config_from_args(args).lookup_span == 48

@@ -229,7 +229,7 @@ class TruthOracle(DraftProposer):
         super().__init__(rt.target, rt.draft)
         self.truth, self.error_at = truth, error_at
 
-    def propose(self, staged, size, position, room=None):
+    def propose(self, staged, size, position):
         drafted = list(self.truth[position + 1: position + size])
         drafted += [0] * (size - 1 - len(drafted))
         if self.error_at is not None and self.error_at < len(drafted):

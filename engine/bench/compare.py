@@ -377,7 +377,6 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "verify_lengths": None if oracle else desc["verify_lengths"],
                      "draft_vocab": rt.draft_vocab,
                      "lookup_min_match": None if oracle else rt.config.lookup_min_match,
-                     "lookup_span": None if oracle else rt.config.lookup_span,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
                      else None},
         "baseline_function": baseline_function(no_eos)

@@ -96,8 +96,7 @@ class OracleProposer(DraftProposer):
                          prefetching=prefetching and draft_cost)
         self.oracle, self.draft_cost = oracle, draft_cost
 
-    def propose(self, staged: int, size: int, position: int, room: int | None = None
-                ) -> mx.array:
+    def propose(self, staged: int, size: int, position: int) -> mx.array:
         if self.draft_cost:
             mx.async_eval(super().propose(staged, size, position))  # queued with the verify
         return mx.array([self.oracle(staged, size, position)])
