@@ -78,13 +78,6 @@ class DFlashConfig:
     # benchmarks/stage33/), off otherwise (on whole blocks it adds a host sync per cycle; GPUs
     # have not measured it). None: off. Lossless: the target verifies every proposal.
     copy_odds: float | str | None = "auto"
-    # A second draft pass per proposal (engine/cycle.py: refined_logits): the block again with
-    # the leading drafts the draft gives at least this probability in place of their masks,
-    # and the later slots predicted anew, seeing them. Drafts trained with --prefix-share
-    # have learnt to read a shown block start; others gain little. One more draft forward a
-    # cycle, queued on the device (no host sync of its own). None: one pass. Lossless: the
-    # target verifies every proposal.
-    refine: float | None = None
     # A draft's token chain (engine/draft.py: TokenChain), where the draft has one; off by
     # default: on a 2-core CPU and on the H200 it cost more time a cycle than its tokens won
     # (benchmarks/stage35/, stage36/). Lossless either way: the target verifies every proposal.
@@ -152,11 +145,6 @@ class DFlashConfig:
                               "token replaces the draft's where the draft gives it at least "
                               "that share of its top token's probability), 'auto' or None "
                               "(off)")
-        r = self.refine
-        if r is not None and not in_unit_interval(r):
-            raise ConfigError(f"refine={r!r}: use a probability in (0, 1], e.g. 0.7 (the "
-                              "draft's leading drafts at least that sure are shown to a "
-                              "second pass), or None (one pass)")
         sv = self.stream_verify
         if sv != "auto" and sv is not None and (
                 not isinstance(sv, int) or isinstance(sv, bool) or sv < 1):
@@ -241,10 +229,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a draft's token chain (drafts trained with --chain) rescores its "
                         "greedy proposals knowing the token before each (default off: on a CPU "
                         "and on an H200 it cost more time than it won)")
-    p.add_argument("--refine", type=refine_arg, default=None, metavar="P|off",
-                   help="a second draft pass: the leading drafts the draft gives at least "
-                        "probability P are shown to it in place of their masks and the rest "
-                        "drafted again (drafts trained with --prefix-share; default off)")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -335,7 +319,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
-                        copy_odds=args.copy_odds, refine=args.refine,
+                        copy_odds=args.copy_odds,
                         token_chain=args.token_chain == "on",
                         chat_template_args=args.chat_template_args, **more)
 
@@ -385,12 +369,6 @@ def on_off_auto(choice: str) -> bool | str:
 def copy_odds_arg(text: str) -> float | str | None:
     """argparse type for --copy-odds: odds in (0, 1], 'auto' or 'off'."""
     return _auto_off_or(text, float, in_unit_interval, "odds in (0, 1], e.g. 0.1")
-
-
-def refine_arg(text: str) -> float | None:
-    """argparse type for --refine: a probability in (0, 1], or 'off'."""
-    return _auto_off_or(text, float, in_unit_interval, "a probability in (0, 1], e.g. 0.7",
-                        auto=False)
 
 
 def lookup_arg(text: str) -> int | None:

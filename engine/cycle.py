@@ -232,23 +232,6 @@ def single_threaded(target: TargetAdapter, build: Callable[[], Built]) -> Built:
     return out
 
 
-def refined_logits(block: mx.array, logits: mx.array, head: DraftHead,
-                   run: Callable[[mx.array], mx.array], min_probability: float) -> mx.array:
-    """A second draft pass over a block [1, size] whose first pass gave `logits` [1, size - 1,
-    K]: the leading drafts the draft gives at least `min_probability` replace their mask
-    tokens, and `run` (block tokens -> the draft's hidden states, the same context) predicts
-    the block again. Those slots keep their first-pass logits, the later ones take the second
-    pass's: the draft sees how the block starts before it finishes a word. All on the device,
-    no host sync. Lossless: the target verifies every proposal."""
-    if logits.shape[1] == 0:  # a one-token verify: nothing drafted
-        return logits
-    keep = confident_run(top_probability(logits), min_probability)
-    kept = mx.arange(logits.shape[1]) < keep
-    drafted = head.token_ids(mx.argmax(logits[0], axis=-1)).astype(block.dtype)
-    shown = mx.concatenate([block[:, :1], mx.where(kept, drafted, block[0, 1:])[None]], axis=1)
-    return mx.where(kept[None, :, None], logits, draft_head_logits(head, run(shown)))
-
-
 def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
                   sampler: Sampler, min_confidence: float | None = None,
                   lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
@@ -476,9 +459,6 @@ class DraftProposer:
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
     copy_odds: float = 0.1
-    # A second draft pass over each proposal's confident start (`refined_logits`), at this
-    # probability; None: one pass.
-    refine: float | None = None
     # Greedy proposals rescored by the draft's token chain where it has one (`chained_logits`)
     token_chain: bool = True
     # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
@@ -686,19 +666,15 @@ class DraftProposer:
     def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array],
                      chained: bool = True) -> mx.array:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
-        (block embeddings -> hidden states) takes through the draft; with `refine`, after the
-        second pass (`refined_logits`); with a token chain, as it rescores them
-        (`chained_logits`: greedy proposals only, `chained`)."""
+        (block embeddings -> hidden states) takes through the draft; with a token chain, as it
+        rescores them (`chained_logits`: greedy proposals only, `chained`)."""
         hidden = run(self.target.embed(block))
         logits = draft_head_logits(self.output_head, hidden)
-        if self.refine is None:
-            if chained and self.token_chain and self.draft.chain is not None:
-                return single_threaded(self.target, lambda: chained_logits(
-                    self.draft.chain, hidden, logits, block[0, :1], self.output_head,
-                    self.target.embed, self.draft.args.chain_candidates))
-            return logits
-        return refined_logits(block, logits, self.output_head,
-                              lambda shown: run(self.target.embed(shown)), self.refine)
+        if chained and self.token_chain and self.draft.chain is not None:
+            return single_threaded(self.target, lambda: chained_logits(
+                self.draft.chain, hidden, logits, block[0, :1], self.output_head,
+                self.target.embed, self.draft.args.chain_candidates))
+        return logits
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

@@ -197,7 +197,6 @@ class DFlashRuntime:
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
-            "refine": self.config.refine,  # a second draft pass over a confident start
             "token_chain": self.token_chain,  # the draft's token chain rescores its proposals
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
@@ -275,7 +274,7 @@ class DFlashRuntime:
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, copy=copy,
-                             copy_odds=self.copy_odds or 0.0, refine=self.config.refine,
+                             copy_odds=self.copy_odds or 0.0,
                              token_chain=self.token_chain)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,

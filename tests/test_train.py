@@ -989,40 +989,6 @@ def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_pa
         assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0
 
 
-def test_shown_prefixes_put_the_true_tokens_in_place_of_the_mask_and_take_no_loss():
-    seq = list(range(20, 60))
-    data = Dataset([seq, seq[:30]], [3, 5])
-    mask = 1
-    plain = make_batch(data, [0, 1], 8, 6, mask, np.random.default_rng(3))
-    shown = make_batch(data, [0, 1], 8, 6, mask, np.random.default_rng(3), prefix_share=0.5,
-                       max_prefix=3)
-    assert np.array_equal(np.array(plain.anchors), np.array(shown.anchors))
-    block, labels = np.array(shown.block).reshape(2, 8, 6), np.array(shown.labels)
-    lengths = set()
-    for n in range(2):
-        for a in range(8):
-            j = int((block[n, a, 1:] != mask).sum())
-            lengths.add(j)
-            assert j <= 3 and (block[n, a, 1:1 + j] == labels[n, a, :j]).all()
-            assert (block[n, a, 1 + j:] == mask).all()
-            assert (np.array(shown.valid)[n, a, :j] == 0).all()
-            assert (np.array(shown.valid)[n, a, j:] == np.array(plain.valid)[n, a, j:]).all()
-    assert 0 in lengths and lengths - {0}  # some blocks all-mask, some showing a prefix
-
-
-def test_prefix_share_is_checked_and_trains(pair, tmp_path, capsys):
-    target_dir, *_ = pair
-    for flag, bad, hint in (("--prefix-share", "2", "between 0 and 1"),
-                            ("--max-prefix", "0", "from 1 to 8")):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["--model", "m", "--out", "o", flag, bad])
-        assert hint in capsys.readouterr().err
-    run = tiny_run(target_dir, tmp_path)
-    plain, changed = run("plain"), run("changed", "--prefix-share", "0.5", "--max-prefix", "2")
-    assert changed["config"]["prefix_share"] == 0.5 and changed["steps"] == 4
-    assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
-
-
 def test_anchor_peek_trains_saves_and_reports_each_depth(pair, tmp_path):
     """--anchor-peek: blocks draw their depth from the list, the saved draft asks the engine
     for the largest, the log holds the other depths' figures; a depth past the taps is a
@@ -1082,5 +1048,3 @@ def test_follow_ups_are_checked_train_and_are_logged(pair, tmp_path, capsys):
     plain, moved = run("plain"), run("moved", "--follow-ups", "1")
     assert moved["config"]["follow_share"] == 1.0 and moved["steps"] == 4
     assert moved["history"][-1]["loss"] != plain["history"][-1]["loss"]
-    shown = run("shown", "--follow-ups", "0.5", "--prefix-share", "0.5")
-    assert shown["steps"] == 4

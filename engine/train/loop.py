@@ -57,7 +57,6 @@ from .objective import (
     low_precision_head,
     make_batch,
     repeat_weights,
-    show_prefixes,
     simulate_answer,
     slot_logits,
     slot_outputs,
@@ -132,8 +131,6 @@ class TrainConfig:
     confidence_power: float = 0.0  # slot weights x the target's label probability ** this
     surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
     repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
-    prefix_share: float = 0.0  # blocks that show their first slots' tokens (show_prefixes)
-    max_prefix: int = 4  # at most this many shown slots
     # each block sees its anchor through a peek depth drawn from these (`Batch.peek`); the
     # draft's engine depth (DraftArgs.anchor_peek) is the largest; () off
     anchor_peek: list[int] = field(default_factory=list)
@@ -652,9 +649,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
-                               mark_repeats=cfg.repeat_weight < 1,
-                               prefix_share=0.0 if cfg.follow_share else cfg.prefix_share,
-                               max_prefix=cfg.max_prefix, peek_depths=cfg.anchor_peek)
+                               mark_repeats=cfg.repeat_weight < 1, peek_depths=cfg.anchor_peek)
             _lap(clock, phase_ms, "batch")
             taps, final = target_features(target, batch.tokens, draft.training_tap_ids,
                                           final=uses_final)
@@ -775,16 +770,13 @@ def follow_up_batch(draft: DFlashDraft, target: TargetAdapter, batch: Batch, tap
                     rng: np.random.Generator) -> Batch:
     """`batch` with a share of its blocks moved to their follow-ups (`follow_up_anchors`),
     found by the draft's own greedy runs on the uniform anchors (one forward, no gradient);
-    the anchor peeks kept, the shown prefixes (`--prefix-share`) drawn afterwards."""
+    the anchor peeks kept."""
     runs = np.array(block_runs(slot_logits(draft, target, batch, taps, head), batch))
     anchors = follow_up_anchors(batch, runs, lengths, cfg.follow_share, rng)
     real = np.array(batch.valid)[:, :, 0] > 0
     moved = anchored_batch(np.array(batch.tokens), anchors, lengths, real, cfg.block_size,
                            draft.args.mask_token_id, mark_repeats=batch.repeats is not None)
-    moved = replace(moved, peek=batch.peek)
-    if cfg.prefix_share > 0 and cfg.max_prefix > 0:
-        moved = show_prefixes(moved, rng, cfg.prefix_share, cfg.max_prefix)
-    return moved
+    return replace(moved, peek=batch.peek)
 
 
 def slot_extra_weights(cfg: TrainConfig, batch: Batch, final: mx.array | None,
@@ -935,13 +927,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight W (0..1; 1: off) for the slots whose token ends a 4-gram "
                         "already in the sequence: a decode's suffix lookup proposes most such "
                         "stretches, and they are over half of the target's own long answers")
-    p.add_argument("--prefix-share", type=_share, default=d.prefix_share, metavar="P",
-                   help="a share P (0: off) of the blocks show the true tokens of their first "
-                        "1..--max-prefix slots instead of the mask and take no loss there: "
-                        "a draft that sees the start of its block (a second pass over its "
-                        "confident first tokens) learns to finish a word it knows the start of")
-    p.add_argument("--max-prefix", type=_prefix_length, default=d.max_prefix, metavar="J",
-                   help="the most slots a --prefix-share block shows (1..8)")
     p.add_argument("--anchor-peek", type=_depths, default=d.anchor_peek, metavar="D,...",
                    help="each block also sees its anchor token through the target's first D "
                         "taps, D drawn per block from the list (e.g. 0,1,2); the saved draft "
@@ -1001,7 +986,6 @@ def _number_in(low: float, high: float, wanted: str,
 _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 _strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
-_prefix_length = _number_in(1, 8, "a whole number from 1 to 8, e.g. 4", int)
 
 
 def _depths(text: str) -> list[int]:

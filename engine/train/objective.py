@@ -31,14 +31,12 @@ class Batch:
 
 def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
                mask_id: int, rng: np.random.Generator, pad_to: int = 32,
-               mark_repeats: bool = False, prefix_share: float = 0.0,
-               max_prefix: int = 0, peek_depths: Sequence[int] = ()) -> Batch:
+               mark_repeats: bool = False, peek_depths: Sequence[int] = ()) -> Batch:
     """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
     short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
     a response shorter than that repeats its first anchor with no loss. `mark_repeats`
-    fills `Batch.repeats` (`repeated_positions`); `prefix_share` of the blocks show their
-    first slots' tokens (`show_prefixes`); each block draws its anchor peek (`Batch.peek`,
-    `peek_context`) from `peek_depths`."""
+    fills `Batch.repeats` (`repeated_positions`); each block draws its anchor peek
+    (`Batch.peek`, `peek_context`) from `peek_depths`."""
     N = len(idx)
     most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
     A = max(1, min(n_anchors, -(-most // 8) * 8))
@@ -56,30 +54,10 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
         real[n, : len(pick)] = True
     lengths = np.array([len(data.sequences[i]) for i in idx])
     batch = anchored_batch(tokens, anchors, lengths, real, block_size, mask_id, mark_repeats)
-    if prefix_share > 0 and max_prefix > 0:
-        batch = show_prefixes(batch, rng, prefix_share, max_prefix)
     if peek_depths:
         batch = replace(batch, peek=mx.array(rng.choice(np.asarray(peek_depths), (N, A))
                                              .astype(np.int32)))
     return batch
-
-
-def show_prefixes(batch: Batch, rng: np.random.Generator, share: float,
-                  max_prefix: int) -> Batch:
-    """A `share` of the blocks show their first j slots' true tokens (j uniform in
-    1..max_prefix) in place of the mask, and take no loss there: a draft that sees the start
-    of its own block (a second pass over its confident first tokens) learns to use it. The
-    rest stay all-mask, the first pass as decoding runs it."""
-    labels = np.array(batch.labels)
-    N, A, K = labels.shape
-    B = K + 1
-    shown = np.where(rng.random((N, A)) < share, rng.integers(1, max_prefix + 1, (N, A)), 0)
-    visible = np.arange(K)[None, None, :] < shown[:, :, None]  # [N, A, K]
-    block = np.array(batch.block).reshape(N, A, B)
-    block[:, :, 1:] = np.where(visible, labels, block[:, :, 1:])
-    valid = np.array(batch.valid) * ~visible
-    return replace(batch, block=mx.array(block.reshape(N, A * B)),
-                   valid=mx.array(valid.astype(np.float32)))
 
 
 def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
