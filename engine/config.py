@@ -78,10 +78,6 @@ class DFlashConfig:
     # benchmarks/stage33/), off otherwise (on whole blocks it adds a host sync per cycle; GPUs
     # have not measured it). None: off. Lossless: the target verifies every proposal.
     copy_odds: float | str | None = "auto"
-    # A draft's token chain (engine/draft.py: TokenChain), where the draft has one; off by
-    # default: on a 2-core CPU and on the H200 it cost more time a cycle than its tokens won
-    # (benchmarks/stage35/, stage36/). Lossless either way: the target verifies every proposal.
-    token_chain: bool = False
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
     # Prefill in chunks of this many tokens to bound peak memory.
@@ -137,8 +133,6 @@ class DFlashConfig:
         if self.prefetch_draft != "auto" and not isinstance(self.prefetch_draft, bool):
             raise ConfigError(f"prefetch_draft={self.prefetch_draft!r}: use True (queue the "
                               "next draft forward before each cycle's sync), False or 'auto'")
-        if self.token_chain not in (True, False):
-            raise ConfigError(f"token_chain={self.token_chain!r}: use True (on) or False (off)")
         co = self.copy_odds
         if co not in ("auto", None) and not in_unit_interval(co):
             raise ConfigError(f"copy_odds={co!r}: use odds in (0, 1], e.g. 0.1 (a context "
@@ -225,10 +219,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "ends with replaces the draft's where the draft gives it at least P "
                         f"times its top token's probability; 'auto' (default): {CPU_COPY_ODDS} "
                         "on CPU with the verify cut on, off otherwise")
-    p.add_argument("--token-chain", choices=["on", "off"], default="off",
-                   help="a draft's token chain (drafts trained with --chain) rescores its "
-                        "greedy proposals knowing the token before each (default off: on a CPU "
-                        "and on an H200 it cost more time than it won)")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -320,7 +310,6 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         **queueing_from_args(args),
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
                         copy_odds=args.copy_odds,
-                        token_chain=args.token_chain == "on",
                         chat_template_args=args.chat_template_args, **more)
 
 

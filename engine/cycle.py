@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from .dflash2 import CandidateSelector, DFlash2Draft
-from .draft import DFlashDraft, TokenChain
+from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
 from .lookup import ContextCopy, SuffixLookup
@@ -27,7 +27,6 @@ from .targets.base import TargetAdapter, cache_arrays
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
 REPEAT_ODDS = 0.4
 
-Built = TypeVar("Built")
 
 
 @dataclass
@@ -99,10 +98,6 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
             return target.finish_states(states, target_cache, draft.args.target_top)
     hidden = draft(target.embed(block), draft_cache, finish=finish)
     logits = draft_head_logits(head, hidden)
-    if draft.chain is not None:
-        logits = single_threaded(target, lambda: chained_logits(
-            draft.chain, hidden, logits, block[0, :1], head, target.embed,
-            draft.args.chain_candidates))
     return drafted_proposal(staged, logits, head, min_confidence, lengths)
 
 
@@ -170,66 +165,6 @@ def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
     K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
     multiplies 16 rows faster than 15."""
     return head(hidden)[:, 1:]
-
-
-def chained_logits(chain: TokenChain, hidden: mx.array, logits: mx.array, staged: mx.array,
-                   head: DraftHead, embed: Callable[[mx.array], mx.array], candidates: int
-                   ) -> mx.array:
-    """A block's draft logits [1, n, K] over `head` rescored by the draft's token chain
-    (`TokenChain`), from the block's hidden states [1, n + 1, H] (slot 0 the staged token,
-    `staged` [1]): each slot keeps its `candidates` top tokens, the chain scores them once
-    for each of the previous slot's candidates (all in one batch), and a walk from the
-    staged token picks each slot's best given the pick before it. -> logits [1, n, K]: the
-    chain's own over the whole head given the walk's picks (what it was trained on, so the
-    verify cut and the lookup's choice read calibrated probabilities), with each slot's pick
-    holding the top one. All on the device, no host sync. Lossless: the target verifies
-    every proposal."""
-    n, size = logits.shape[1], logits.shape[2]
-    k = min(candidates, size)
-    if n == 0 or k < 2:
-        return logits
-    top = mx.argpartition(-logits[0], kth=k - 1, axis=-1)[:, :k]  # [n, k] head indices
-    rows = head.rows(top)
-    if rows is None:  # a head that is not a plain projection: the draft's own logits
-        return logits
-    ids = head.token_ids(top)
-    before = mx.concatenate([mx.broadcast_to(staged.reshape(1, 1), (1, k)).astype(ids.dtype),
-                             ids[:-1]])  # [n, k]: the tokens each slot's scores follow
-    chained = chain(hidden[0, 1:, None, :], embed(before))  # [n, k, H]
-    scores = chained @ rows.swapaxes(-1, -2).astype(chained.dtype)  # [n, k before, k]
-    picks, picked = [], mx.array(0)
-    for slot in range(n):
-        picks.append(picked)  # the candidate of the slot before that this slot follows
-        picked = mx.argmax(scores[slot][picked])
-    followed = mx.stack(picks)
-    path = mx.take_along_axis(chained, followed[:, None, None], axis=1)  # [n, 1, H]
-    own = head(path.swapaxes(0, 1))[0].astype(logits.dtype)  # [n, K]
-    chosen = mx.take_along_axis(top, mx.concatenate([followed[1:], picked[None]])[:, None],
-                                axis=1)  # [n, 1]: each slot's pick
-    # the pick is the best candidate; a token outside them may score higher: they swap
-    best = mx.argmax(own, axis=-1, keepdims=True)
-    best_value = mx.take_along_axis(own, best, axis=-1)
-    own = mx.put_along_axis(own, best, mx.take_along_axis(own, chosen, axis=-1), axis=-1)
-    return mx.put_along_axis(own, chosen, best_value, axis=-1)[None]
-
-
-def single_threaded(target: TargetAdapter, build: Callable[[], Built]) -> Built:
-    """`build()`, built and evaluated with OpenBLAS on one thread where the target's forwards
-    keep it there (a CPU: `cpu_linear.blas_aside`): a token chain's products of more rows
-    than the kernel takes would otherwise run on OpenBLAS's workers, which spin on into the
-    next verify and take the cores it needs (the kernel evaluates its inputs while the graph
-    is built, so the build counts too). Built lazily elsewhere."""
-    aside = target.blas_aside
-    restore = aside.single_thread() if aside is not None else 0
-    if not restore:
-        return build()
-    try:
-        out = build()
-        if isinstance(out, mx.array):
-            mx.eval(out)
-    finally:
-        aside.set(restore)  # type: ignore[union-attr]
-    return out
 
 
 def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
@@ -459,8 +394,6 @@ class DraftProposer:
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
     copy_odds: float = 0.1
-    # Greedy proposals rescored by the draft's token chain where it has one (`chained_logits`)
-    token_chain: bool = True
     # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
     # sets them
     target_cache: list[Any] = field(default_factory=list)
@@ -574,7 +507,7 @@ class DraftProposer:
             return self.path_proposal(staged, size, sampler)  # type: ignore[return-value]
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
-                staged, self.draft_logits(staged, size, chained=False), self.output_head,
+                staged, self.draft_logits(staged, size), self.output_head,
                 self.target.vocab_size, sampler, found, self.min_confidence,
                 self.verify_lengths)
             return verify_in, q
@@ -599,7 +532,7 @@ class DraftProposer:
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
-        return draw_proposal(staged, self.draft_logits(staged, size, chained=False),
+        return draw_proposal(staged, self.draft_logits(staged, size),
                              self.output_head.ids,
                              self.target.vocab_size, sampler, self.min_confidence,
                              self.verify_lengths)
@@ -628,15 +561,13 @@ class DraftProposer:
         """The head the draft proposes through (the target's full lm_head when unset)."""
         return self.head or DraftHead(self.target)
 
-    def draft_logits(self, staged: int, size: int, chained: bool = True) -> mx.array:
+    def draft_logits(self, staged: int, size: int) -> mx.array:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
-        [1, size - 1, K] (size > 1); the prefetched forward's where there is one.
-        `chained`: as a token chain rescores them (`block_logits`); sampled proposals need
-        the draft's own distributions, not a greedy walk's."""
+        [1, size - 1, K] (size > 1); the prefetched forward's where there is one."""
         logits = self._take_prefetched(size)
         if logits is not None:
             return logits
-        return self.block_logits(*self.draft_block(staged, size), chained)
+        return self.block_logits(*self.draft_block(staged, size))
 
     def draft_block(self, staged: int, size: int
                     ) -> tuple[mx.array, Callable[[mx.array], mx.array]]:
@@ -663,18 +594,10 @@ class DraftProposer:
         later = (len(taps) - depth) * (seen.shape[-1] // depth)
         return mx.concatenate([seen, mx.zeros((1, 1, later), seen.dtype)], axis=-1)
 
-    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array],
-                     chained: bool = True) -> mx.array:
+    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
-        (block embeddings -> hidden states) takes through the draft; with a token chain, as it
-        rescores them (`chained_logits`: greedy proposals only, `chained`)."""
-        hidden = run(self.target.embed(block))
-        logits = draft_head_logits(self.output_head, hidden)
-        if chained and self.token_chain and self.draft.chain is not None:
-            return single_threaded(self.target, lambda: chained_logits(
-                self.draft.chain, hidden, logits, block[0, :1], self.output_head,
-                self.target.embed, self.draft.args.chain_candidates))
-        return logits
+        (block embeddings -> hidden states) takes through the draft."""
+        return draft_head_logits(self.output_head, run(self.target.embed(block)))
 
 
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],

@@ -30,6 +30,10 @@ Finish = Callable[[mx.array], mx.array]
 TOP_GATE_SCALE = 32.0
 
 
+# dflash_config keys of draft layouts this engine no longer runs (their experiments lost)
+RETIRED = {"chain_units": "a token chain"}
+
+
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
     """The documented default: one tap at L // 2; n taps spread from layer 1 to L - 3."""
     if num_taps == 1:
@@ -65,10 +69,6 @@ class DraftArgs:
     # target's first layers on the anchor before each draft forward (0: the published
     # recipe, context strictly before the anchor)
     anchor_peek: int = 0
-    # Hidden units of the token chain (`TokenChain`): each slot's proposal rescored knowing
-    # the token proposed before it; 0: none (the published recipe)
-    chain_units: int = 0
-    chain_candidates: int = 8  # the draft's top tokens per slot the chain chooses among
     # The target's last layers that finish the draft's slot states (`DFlashDraft.forward_at`),
     # reading the target's own cached keys and values of the context; 0: none (the published
     # recipe)
@@ -92,6 +92,10 @@ class DraftArgs:
         ]
         if missing:
             raise KeyError(", ".join(missing))
+        retired = next((k for k in RETIRED if dflash.get(k)), None)
+        if retired is not None:
+            raise ValueError(f"dflash_config.{retired} asks for {RETIRED[retired]}, which this "
+                             "engine no longer runs")
         mask_id = dflash.get("mask_token_id", config.get("mask_token_id"))
         if mask_id is None:
             raise KeyError("dflash_config.mask_token_id")
@@ -125,8 +129,6 @@ class DraftArgs:
             attention_bias=bool(config.get("attention_bias", False)),
             is_causal=config.get("is_causal"),
             anchor_peek=int(dflash.get("anchor_peek", 0)),
-            chain_units=int(dflash.get("chain_units", 0)),
-            chain_candidates=int(dflash.get("chain_candidates", 8)),
             target_top=int(dflash.get("target_top", 0)),
         )
 
@@ -159,9 +161,6 @@ class DraftArgs:
         }
         if self.anchor_peek:
             cfg["dflash_config"]["anchor_peek"] = self.anchor_peek
-        if self.chain_units:
-            cfg["dflash_config"]["chain_units"] = self.chain_units
-            cfg["dflash_config"]["chain_candidates"] = self.chain_candidates
         if self.target_top:
             cfg["dflash_config"]["target_top"] = self.target_top
         if self.layer_types:
@@ -294,30 +293,6 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h), cpu)
 
 
-class TokenChain(nn.Module):
-    """A block's slots are drafted in parallel, so slot k does not know which token slot k-1
-    proposed: it guesses the end of a word without its start. The chain adds back that one
-    dependency, cheaply: a slot's hidden state plus an MLP of it and the previous slot's
-    token, read by the same head. Where slot k-1's proposal is wrong the cycle's run ends
-    there anyway, so training it on the true previous tokens (teacher forcing, parallel
-    over slots) is exactly what a run needs. Its output projection starts at zero: a chain
-    added to a trained draft first proposes what the draft did."""
-
-    def __init__(self, hidden_size: int, units: int, eps: float):
-        super().__init__()
-        self.token_norm = nn.RMSNorm(hidden_size, eps=eps)
-        self.hidden_in = nn.Linear(hidden_size, units, bias=False)
-        self.token_in = nn.Linear(hidden_size, units, bias=False)
-        self.out = nn.Linear(units, hidden_size, bias=False)
-        self.out.weight = mx.zeros_like(self.out.weight)
-
-    def __call__(self, hidden: mx.array, previous: mx.array) -> mx.array:
-        """Slot hidden states [..., H] and the previous slots' token embeddings [..., H]
-        (broadcast against each other) -> the chained hidden states the head reads."""
-        mixed = self.hidden_in(hidden) + self.token_in(self.token_norm(previous))
-        return hidden + self.out(nn.silu(mixed))
-
-
 class DFlashDraft(nn.Module):
     layer_class: type[DraftLayer] = DraftLayer  # DFlash2 (engine/dflash2.py) wraps it
 
@@ -330,8 +305,6 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
         self.layers = [self.layer_class(args, t == "sliding_attention") for t in types]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
-        self.chain = (TokenChain(H, args.chain_units, args.rms_norm_eps) if args.chain_units
-                      else None)
         if args.target_top:
             # How far the target's last layers move each channel of the slot states (times
             # TOP_GATE_SCALE): starts at zero, so a top added to a trained draft first proposes

@@ -86,8 +86,6 @@ class DFlashRuntime:
                           if lockstep is None else None)
         if isinstance(draft, DFlash2Draft):  # it proposes its selector's path alone (cycle.py)
             self.copy_odds = None
-        # A draft's token chain rescores its greedy proposals
-        self.token_chain = draft is not None and draft.chain is not None and self.config.token_chain
         # Sharded targets keep every rank's forward in lockstep: no early queueing there
         self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
                                     if lockstep is None else 0)
@@ -197,7 +195,6 @@ class DFlashRuntime:
             "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
             "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
             "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
-            "token_chain": self.token_chain,  # the draft's token chain rescores its proposals
             # the length verified for each cut's (index: the cut's); None: the cut's own
             "verify_lengths": list(self.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
@@ -274,8 +271,7 @@ class DFlashRuntime:
         return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
                              lookup, verify_lengths=self.verify_lengths,
                              prefetching=self.prefetch_draft, copy=copy,
-                             copy_odds=self.copy_odds or 0.0,
-                             token_chain=self.token_chain)
+                             copy_odds=self.copy_odds or 0.0)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],

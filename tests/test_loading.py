@@ -6,14 +6,15 @@ import json
 import shutil
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from script_modules import load_script
 
 from engine import DFlashRuntime
-from engine.draft import DraftArgs, default_tap_ids
+from engine.draft import RETIRED, DFlashDraft, DraftArgs, default_tap_ids
 from engine.errors import DraftCheckpointError, PairingError, UnsupportedModel
-from engine.loading import load_draft_folder, resolve_draft_id
+from engine.loading import load_draft_folder, read_draft_args, resolve_draft_id
 from engine.registry import default_pair, find_pair, pair_status
 
 
@@ -100,6 +101,30 @@ def test_missing_config_and_missing_fields_are_refused(pair):
     (draft / "config.json").unlink()
     with pytest.raises(DraftCheckpointError, match="has no config.json"):
         load_draft_folder(draft)
+
+
+@pytest.mark.parametrize("key", sorted(RETIRED))
+def test_a_draft_of_a_retired_layout_is_refused_clearly(pair, key):
+    """A config asking for a part this engine no longer runs (a token chain, ...) is refused
+    in one line naming it, not loaded without it."""
+    _, draft = pair
+    edit_config(draft, lambda c: c["dflash_config"].update({key: 2}))
+    with pytest.raises(DraftCheckpointError, match=rf"dflash_config\.{key} asks for .* no longer"):
+        load_draft_folder(draft)
+
+
+def test_the_shipped_draft_stores_exactly_the_weights_it_loads():
+    """The bundled SmolLM2 draft holds no tensor the draft does not use (its token chain was
+    stripped) and its config asks for nothing retired."""
+    folder = default_pair().draft_path
+    stored = set(mx.load(str(folder / "model.safetensors")))
+    config = json.loads((folder / "config.json").read_text())
+    assert not set(RETIRED) & set(config["dflash_config"])
+    draft = DFlashDraft(read_draft_args(folder))
+    storage = config["quantization"]
+    nn.quantize(draft, storage["group_size"], storage["bits"],
+                class_predicate=lambda path, _: f"{path}.scales" in stored)
+    assert {name for name, _ in tree_flatten(draft.parameters())} == stored
 
 
 def test_registry_lookup_ignores_org_and_case():

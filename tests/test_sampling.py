@@ -88,7 +88,7 @@ class MarkovDraft(DraftProposer):
     def append_context(self, taps) -> None:
         pass
 
-    def draft_logits(self, staged, size, chained=True):  # no token chain: `chained` changes nothing
+    def draft_logits(self, staged, size):
         return self.table[staged, : size - 1][None]
 
     def draft_proposal_sampled(self, staged, size, sampler):

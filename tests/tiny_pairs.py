@@ -295,8 +295,7 @@ def check_walk_is_the_decode(model: nn.Module, tokenizer, draft: DFlashDraft) ->
     )
 
     # the draft alone (no suffix lookup): what the simulation walks
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None,
-                          token_chain=True)
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, lookup_min_match=None)
     rt = DFlashRuntime(model, tokenizer, draft, config)
     prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
     replies = [list(rt.generate(p, max_tokens=32, speculative=False).tokens) for p in prompts]

@@ -59,7 +59,6 @@ from .objective import (
     repeat_weights,
     simulate_answer,
     slot_logits,
-    slot_outputs,
     slot_weights,
     soft_labels,
     surprise_weights,
@@ -134,9 +133,6 @@ class TrainConfig:
     # each block sees its anchor through a peek depth drawn from these (`Batch.peek`); the
     # draft's engine depth (DraftArgs.anchor_peek) is the largest; () off
     anchor_peek: list[int] = field(default_factory=list)
-    chain_units: int = 0  # add a token chain of this many units (`TokenChain`); 0: none
-    chain_candidates: int = 8  # the draft's top tokens a chain chooses among
-    chain_only: bool = False  # freeze the draft and train its chain alone
     # share of each step's blocks moved to where a decode's next cycle would start after
     # them (`follow_up_anchors`); 0: uniform anchors only
     follow_share: float = 0.0
@@ -247,19 +243,6 @@ def grow_taps(draft: DFlashDraft, taps: Sequence[int]) -> DFlashDraft:
     return grown
 
 
-def add_chain(draft: DFlashDraft, units: int, candidates: int) -> DFlashDraft:
-    """`draft` with a token chain of `units` (`TokenChain`: zero output at first, so the
-    draft first proposes exactly what it did); a draft that has one keeps it, with
-    `candidates` as its choice width."""
-    if draft.chain is not None:
-        draft.args.chain_candidates = candidates
-        return draft
-    chained = DFlashDraft(dataclasses.replace(draft.args, chain_units=units,
-                                              chain_candidates=candidates))
-    chained.update(tree_unflatten(tree_flatten(draft.parameters())), strict=False)
-    return chained
-
-
 def add_top(draft: DFlashDraft, count: int, gate: float = 0.0) -> DFlashDraft:
     """`draft` with the target's last `count` layers finishing its slot states
     (`DraftArgs.target_top`), every channel's gate at `gate` (0: the draft first proposes
@@ -353,16 +336,15 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
                            cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True,
                            peek_depths=[peek] if peek else ())
         taps = target_taps(target, batch.tokens, draft.training_tap_ids)
-        scored, logits = (x.astype(mx.float32) for x in slot_outputs(draft, target, batch,
-                                                                      taps))
+        logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
         s, b = tokens_per_cycle(logits, batch)
         tpc_sum, blocks = tpc_sum + s, blocks + b
         novel = batch.valid[:, :, 0] * (1 - batch.repeats[:, :, 0])
         novel_sum += float(((1 + block_runs(logits, batch)) * novel).sum())
         novel_blocks += int(novel.sum())
-        picked = mx.take_along_axis(scored, batch.labels[..., None], axis=-1)[..., 0]
+        picked = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
         w = batch.valid * weights
-        loss_sum += float(((mx.logsumexp(scored, -1) - picked) * w).sum() / w.sum())
+        loss_sum += float(((mx.logsumexp(logits, -1) - picked) * w).sum() / w.sum())
         n += 1
     return {"tokens_per_cycle": tpc_sum / max(blocks, 1), "loss": loss_sum / max(n, 1),
             "blocks": blocks, "novel_tokens_per_cycle": novel_sum / max(novel_blocks, 1),
@@ -566,18 +548,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             say(f"target top added: the target's last {cfg.target_top} layers finish the "
                 f"draft's states (gate at {cfg.top_gate})")
         draft = add_top(draft, cfg.target_top, cfg.top_gate)
-    if cfg.chain_units or cfg.chain_only:
-        if not cfg.chain_units and draft.chain is None:
-            raise ConfigError("--chain-only trains a token chain, and this draft has none. "
-                              "Fix: add one with --chain UNITS (e.g. --chain 1024).")
-        if draft.chain is None:
-            say(f"token chain added: {cfg.chain_units} units, {cfg.chain_candidates} "
-                "candidates per slot")
-        draft = add_chain(draft, cfg.chain_units, cfg.chain_candidates)
-    if cfg.chain_only:
-        draft.freeze()
-        draft.chain.unfreeze()  # type: ignore[union-attr]
-        say("the draft frozen: its token chain trains alone")
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
@@ -932,19 +902,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "taps, D drawn per block from the list (e.g. 0,1,2); the saved draft "
                         "asks the engine for the largest (the target's first layers run on "
                         "the anchor before each draft forward); validation reports each D")
-    p.add_argument("--chain", dest="chain_units", type=_number_in(1, 65536, "a whole number "
-                   "of units from 1, e.g. 1024", int), default=d.chain_units,
-                   metavar="UNITS",
-                   help="add a token chain of UNITS hidden units: a block's slots are drafted "
-                        "in parallel, and the chain rescores each slot's top candidates "
-                        "knowing the token proposed before it (the end of a word knowing its "
-                        "start); trained on the true previous tokens")
-    p.add_argument("--chain-candidates", type=_number_in(2, 64, "a whole number from 2 to 64",
-                   int), default=d.chain_candidates, metavar="K",
-                   help="the draft's top K tokens per slot the chain chooses among")
-    p.add_argument("--chain-only", action="store_true",
-                   help="freeze the draft (from --init) and train its token chain alone: the "
-                        "draft's own proposals stay exactly as they were")
     p.add_argument("--target-top", type=_number_in(1, 64, "a whole number from 1 to 64", int),
                    default=d.target_top, metavar="N",
                    help="the target's last N layers finish the draft's slot states, reading "

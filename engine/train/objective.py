@@ -359,41 +359,8 @@ def top_match_loss(draft: DFlashDraft, states: mx.array, taps: mx.array, batch: 
 def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                 head: Head | None = None) -> mx.array:
     """-> logits [N, A, B-1, V] of slots 1..B-1 of every block, as a decode proposes from
-    them: with a token chain, its scores of the draft's top candidates (`chosen_logits`)."""
-    return slot_outputs(draft, target, batch, taps, head)[1]
-
-
-def slot_outputs(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-                 head: Head | None = None) -> tuple[mx.array, mx.array]:
-    """-> (logits [N, A, B-1, V] the loss reads, logits a decode proposes from): the same
-    without a token chain; with one, the chain's logits over the whole vocabulary, and
-    those at the draft's own top `chain_candidates` only (the rest -inf), as the engine
-    scores them (`engine/cycle.py: chained_logits`)."""
-    head = head or target.lm_head
-    hidden = slot_hidden(draft, target, batch, taps)
-    base = head(hidden)
-    if draft.chain is None:
-        return base, base
-    chained = head(draft.chain(hidden, target.embed(previous_tokens(batch))))
-    return chained, chosen_logits(chained, base, draft.args.chain_candidates)
-
-
-def previous_tokens(batch: Batch) -> mx.array:
-    """[N, A, B-1]: the token before each slot's label (the anchor, then the labels): what a
-    token chain sees in training, the true previous token (teacher forcing)."""
-    N, A, K = batch.labels.shape
-    anchor = batch.block.reshape(N, A, K + 1)[:, :, :1]
-    return mx.concatenate([anchor, batch.labels[:, :, :-1]], axis=-1)
-
-
-def chosen_logits(chained: mx.array, base: mx.array, k: int) -> mx.array:
-    """`chained` [..., V] kept at the `k` largest entries of `base` [..., V], -inf elsewhere:
-    its argmax is the engine's pick (`engine.cycle.chained_logits`), which only reorders the
-    draft's own top candidates."""
-    if k >= base.shape[-1]:
-        return chained
-    kth = mx.min(mx.topk(base, k, axis=-1), axis=-1, keepdims=True)
-    return mx.where(base >= kth, chained, -mx.inf)
+    them."""
+    return (head or target.lm_head)(slot_hidden(draft, target, batch, taps))
 
 
 def forward_parts(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
@@ -451,20 +418,12 @@ def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx
     `extra_weights`: per block [N, A, 1] (`surprise_weights`) or per slot [N, A, B-1]
     (`repeat_weights`); plus `top_match` times `top_match_loss` (a draft with a target top)."""
     matching = top_match > 0 and draft.args.target_top > 0
-    if draft.chain is None and not matching:
+    if not matching:
         return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
                          soft_weight, confidence_power, extra_weights)
     head = head or target.lm_head
     hidden, states = slot_hidden(draft, target, batch, taps, with_states=True)
-    loss = mx.array(0.0)
-    if matching:
-        loss = top_match * top_match_loss(draft, states, taps, batch, weights)
-    if draft.chain is not None:
-        chained = head(draft.chain(hidden, target.embed(previous_tokens(batch))))
-        loss = loss + slot_loss(chained, batch, weights, soft, soft_weight, confidence_power,
-                                extra_weights)
-        if not draft.fc.trainable_parameters():  # the draft frozen: the chain trains alone
-            return loss
+    loss = top_match * top_match_loss(draft, states, taps, batch, weights)
     return loss + slot_loss(head(hidden), batch, weights, soft, soft_weight,
                             confidence_power, extra_weights)
 
