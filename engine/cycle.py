@@ -75,8 +75,7 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
             staged: int, size: int, min_confidence: float | None = None,
-            head: DraftHead | None = None, lengths: Sequence[int] = (),
-            target_cache: list[Any] | None = None) -> mx.array:
+            head: DraftHead | None = None, lengths: Sequence[int] = ()) -> mx.array:
     """One draft forward on [staged, mask x (size-1)] -> verify input [1, <= size].
 
     `head` turns the draft's hidden states into proposals (default: the target's full
@@ -86,18 +85,12 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     grows with its length (CPU). The cut's length is a shape, so it costs a host sync between
     draft and verify; without it the cycle's only sync is `read_commit`. `lengths` pads the
     cut to a length the machine verifies faster (`padded`). Lossless either way: the target
-    decides every token. A draft with a target top reads `target_cache` (the target's,
-    settled after the context)."""
+    decides every token."""
     block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
     if size == 1:
         return block
     head = head or DraftHead(target)
-    finish = None
-    if draft.args.target_top and target_cache is not None:
-        def finish(states: mx.array) -> mx.array:
-            return target.finish_states(states, target_cache, draft.args.target_top)
-    hidden = draft(target.embed(block), draft_cache, finish=finish)
-    logits = draft_head_logits(head, hidden)
+    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
     return drafted_proposal(staged, logits, head, min_confidence, lengths)
 
 
@@ -394,9 +387,6 @@ class DraftProposer:
     # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
     copy: ContextCopy | None = None
     copy_odds: float = 0.1
-    # The target's caches, for a draft that peeks at its anchor (`anchor_taps`); the cycle
-    # sets them
-    target_cache: list[Any] = field(default_factory=list)
     # A DFlash2 draft's candidate selector (engine/dflash2.py): every draft proposal is its
     # path (`path_proposal`); None: the draft's top tokens
     selector: CandidateSelector | None = field(default=None, init=False, repr=False)
@@ -574,25 +564,7 @@ class DraftProposer:
         """A draft forward's block [1, size] ([staged, mask x (size-1)]) and how its
         embeddings run through the draft (-> its hidden states [1, size, H])."""
         block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        finish = self.finish if self.draft.args.target_top else None
-        if not self.draft.args.anchor_peek:
-            return block, lambda embedded: self.draft(embedded, self.cache, finish=finish)
-        seen = self.anchor_taps(staged)
-        return block, lambda embedded: self.draft.peeking(embedded, self.cache, seen, finish)
-
-    def finish(self, states: mx.array) -> mx.array:
-        """A draft's slot states through the target's last layers (`DraftArgs.target_top`),
-        on the settled target caches."""
-        return self.target.finish_states(states, self.target_cache, self.draft.args.target_top)
-
-    def anchor_taps(self, staged: int) -> mx.array:
-        """The staged token's features [1, 1, n_taps * H] as a peeking draft sees them: the
-        target's first `anchor_peek` taps (its first layers run on the token alone), the
-        later ones zero."""
-        depth, taps = self.draft.args.anchor_peek, self.tap_ids
-        seen = self.target.peek(staged, self.target_cache, taps[:depth])
-        later = (len(taps) - depth) * (seen.shape[-1] // depth)
-        return mx.concatenate([seen, mx.zeros((1, 1, later), seen.dtype)], axis=-1)
+        return block, lambda embedded: self.draft(embedded, self.cache)
 
     def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
@@ -613,7 +585,6 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     `stop_ids` is the last, and the caches then end just before that token: a recurrent
     state cannot be cut back later, and the next chat turn renders its own end-of-turn."""
     cache = target.make_cache() if cache is None else cache
-    proposer.target_cache = cache  # a peeking draft runs the target's first layers on them
     tap_ids = proposer.tap_ids
     position = len(prompt)
     last = prefill(target, cache, prompt, prefill_chunk, proposer)

@@ -7,7 +7,6 @@ The draft has no embedding or lm_head of its own: it borrows the target's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,16 +21,9 @@ from .kernels import cpu_linear, cpu_swiglu
 from .kernels.cuda_attention import scaled_dot_product_attention as block_sdpa
 from .targets import cpu_attention
 
-# Slot states [B, L, H] at the block's positions -> the same after the target's last layers
-Finish = Callable[[mx.array], mx.array]
-# The top gate's parameter moves this many times faster than the draft's weights: an
-# optimizer step moves every parameter by about the learning rate, and the gate must open
-# from zero within a run that only fine-tunes the rest
-TOP_GATE_SCALE = 32.0
-
-
 # dflash_config keys of draft layouts this engine no longer runs (their experiments lost)
-RETIRED = {"chain_units": "a token chain"}
+RETIRED = {"chain_units": "a token chain", "anchor_peek": "a peek at the anchor",
+           "target_top": "the target's last layers on the draft's states"}
 
 
 def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -65,14 +57,6 @@ class DraftArgs:
     # Whether a block sees itself causally; None: in sliding-window layers only (z-lab's
     # reference reads an absent `is_causal` so)
     is_causal: bool | None = None
-    # Taps (from the first) of the anchor token itself the draft sees: the engine runs the
-    # target's first layers on the anchor before each draft forward (0: the published
-    # recipe, context strictly before the anchor)
-    anchor_peek: int = 0
-    # The target's last layers that finish the draft's slot states (`DFlashDraft.forward_at`),
-    # reading the target's own cached keys and values of the context; 0: none (the published
-    # recipe)
-    target_top: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,8 +112,6 @@ class DraftArgs:
             sliding_window=config.get("sliding_window"),
             attention_bias=bool(config.get("attention_bias", False)),
             is_causal=config.get("is_causal"),
-            anchor_peek=int(dflash.get("anchor_peek", 0)),
-            target_top=int(dflash.get("target_top", 0)),
         )
 
     def to_config(self) -> dict:
@@ -159,10 +141,6 @@ class DraftArgs:
                 "mask_token_id": self.mask_token_id,
             },
         }
-        if self.anchor_peek:
-            cfg["dflash_config"]["anchor_peek"] = self.anchor_peek
-        if self.target_top:
-            cfg["dflash_config"]["target_top"] = self.target_top
         if self.layer_types:
             cfg["layer_types"] = self.layer_types
             cfg["sliding_window"] = self.sliding_window
@@ -305,11 +283,6 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
         self.layers = [self.layer_class(args, t == "sliding_attention") for t in types]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
-        if args.target_top:
-            # How far the target's last layers move each channel of the slot states (times
-            # TOP_GATE_SCALE): starts at zero, so a top added to a trained draft first proposes
-            # what the draft did
-            self.top_gate = mx.zeros((H,))
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
@@ -331,65 +304,30 @@ class DFlashDraft(nn.Module):
     @property
     def can_prefetch(self) -> bool:
         """Whether a block can run before its context is settled (`__call__`'s `kept`): not
-        with sliding-window layers, whose window would count the unsettled positions, nor
-        when it peeks at its anchor (`peeking`), which needs the settled target caches."""
-        return (all(layer.self_attn.window is None for layer in self.layers)
-                and not self.args.anchor_peek and not self.args.target_top)
-
-    @property
-    def top_input_ids(self) -> list[int]:
-        """The target layers whose outputs are the inputs of its last `target_top` layers:
-        training reads their keys and values of the context from these taps (decoding reads
-        them from the target's cache)."""
-        n, top = self.args.num_target_layers, self.args.target_top
-        return list(range(n - top - 1, n - 1)) if top else []
-
-    @property
-    def training_tap_ids(self) -> list[int]:
-        """The taps a training forward needs: the draft's own, then `top_input_ids`."""
-        return [*self.args.target_layer_ids, *self.top_input_ids]
+        with sliding-window layers, whose window would count the unsettled positions."""
+        return all(layer.self_attn.window is None for layer in self.layers)
 
     def __call__(self, block_embeddings: mx.array, cache: list[KVCache],
-                 unsettled: int = 0, kept: mx.array | None = None,
-                 finish: Finish | None = None) -> mx.array:
+                 unsettled: int = 0, kept: mx.array | None = None) -> mx.array:
         """Block embeddings [B, L, H] at positions offset.. -> normed hidden states [B, L, H].
 
         `unsettled` > 0: the cache's last `unsettled` entries are a verify's positions, of
         which only the first `kept` (a scalar still on the device) are context; the rest are
         trimmed once the count is read. The block then starts after the kept ones and sees
-        only the context before them and them. `finish`: see `forward_at`."""
+        only the context before them and them."""
         start: int | mx.array = cache[0].offset
         mask = None
         if unsettled:
             assert kept is not None and self.can_prefetch
             start = start - unsettled + kept
             mask = mx.arange(cache[0].offset) < start
-        return self.forward_at(block_embeddings, cache, start, mask, finish)
-
-    def peeking(self, block_embeddings: mx.array, cache: list[KVCache],
-                anchor_taps: mx.array, finish: Finish | None = None) -> mx.array:
-        """`__call__` for a draft that peeks at its anchor (`DraftArgs.anchor_peek`): the
-        anchor's features from the target's first `anchor_peek` taps [B, 1, n_taps * H] (the
-        later taps zero) as one more context entry at the anchor's position, for this
-        forward only."""
-        start = cache[0].offset
-        self.append_context(anchor_taps, cache)
-        try:
-            return self.forward_at(block_embeddings, cache, start, finish=finish)
-        finally:
-            for c in cache:
-                c.trim(1)
+        return self.forward_at(block_embeddings, cache, start, mask)
 
     def forward_at(self, block_embeddings: mx.array, cache: list[KVCache],
-                   start: int | mx.array, context_mask: mx.array | None = None,
-                   finish: Finish | None = None) -> mx.array:
+                   start: int | mx.array, context_mask: mx.array | None = None) -> mx.array:
         """Block embeddings [B, L, H] at positions start.. -> normed hidden states [B, L, H],
         seeing the cached context entries that `context_mask` [context length] (bool) holds
-        (None: all of them). A draft with a target top (`DraftArgs.target_top`) needs
-        `finish`: the target's last layers on slots 1.. (`finished`)."""
-        if self.args.target_top and finish is None:
-            raise ValueError("this draft's states are finished by the target's last layers: "
-                             "pass `finish` (TargetAdapter.finish_states)")
+        (None: all of them)."""
         h = block_embeddings
         cpu = current() == "cpu"
         aside = self._blas_aside() if cpu and h.shape[0] * h.shape[1] <= cpu_linear.MAX_ROWS \
@@ -401,19 +339,7 @@ class DFlashDraft(nn.Module):
         finally:
             if restore:
                 aside.set(restore)  # type: ignore[union-attr]
-        if self.args.target_top:
-            h = self.finished(h, finish)  # type: ignore[arg-type]
         return self.norm(h)
-
-    def finished(self, h: mx.array, finish: Finish) -> mx.array:
-        """Block states [B, L, H] -> moved toward what the target's last layers make of
-        them, by the learned `top_gate`. Slot k's state predicts the token at the block's
-        position k, which the target predicts from its state one position earlier: slots
-        1.. go to `finish` as a run at the block's positions 0.. (slot 0, the anchor's own,
-        predicts nothing and stays)."""
-        top = finish(h[:, 1:])
-        gate = TOP_GATE_SCALE * self.top_gate
-        return mx.concatenate([h[:, :1], h[:, 1:] + gate * (top - h[:, 1:])], axis=1)
 
     def _blas_aside(self) -> blas.Threads | None:
         """cpu_linear.blas_aside for this draft's weights, looked up once."""

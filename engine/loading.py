@@ -352,17 +352,6 @@ def check_pair(target: TargetAdapter, args: DraftArgs) -> None:
         problems.append(
             f"vocab sizes differ: draft {args.vocab_size}, target {target.vocab_size}"
         )
-    if not 0 <= args.anchor_peek <= len(args.target_layer_ids):
-        problems.append(f"anchor_peek {args.anchor_peek} is not a count of its "
-                        f"{len(args.target_layer_ids)} taps")
-    elif args.anchor_peek and not target.can_peek:
-        problems.append(f"it peeks at its anchor (anchor_peek {args.anchor_peek}) through the "
-                        f"target's first layers, which a {target.family} target cannot "
-                        "run alone")
-    if args.target_top and not target.can_finish(args.target_top):
-        problems.append(f"its states are finished by the target's last {args.target_top} "
-                        f"layers (target_top), which a {target.family} target of "
-                        f"{target.num_layers} layers cannot run on them")
     if problems:
         raise PairingError(
             "this draft does not pair with this target: " + "; ".join(problems)

@@ -56,19 +56,6 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
-        if draft is not None and draft.args.anchor_peek and not self.target.can_peek:
-            raise ConfigError(f"this draft peeks at its anchor (anchor_peek "
-                              f"{draft.args.anchor_peek}) through the target's first layers, "
-                              "which a sharded target cannot run alone. Fix: run it unsharded, "
-                              "or pick a draft without anchor_peek in its config.json.")
-        if draft is not None and draft.args.target_top and not self.target.can_finish(
-                draft.args.target_top):
-            which = ("a sharded target" if lockstep is not None else
-                     f"a {self.target.family} target of {self.target.num_layers} layers")
-            raise ConfigError(f"this draft's states are finished by the target's last "
-                              f"{draft.args.target_top} layers (target_top), which {which} "
-                              "cannot run on them. Fix: run an attention target unsharded, or "
-                              "pick a draft without target_top in its config.json.")
         backend = device.current()  # each knob's "auto" resolves for it
         self.min_confidence = self.config.min_confidence(backend)
         if lockstep is not None:

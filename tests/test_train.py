@@ -161,47 +161,6 @@ def test_training_forward_equals_inference(pair):
     assert mx.allclose(got2[:, B:], want, atol=1e-5).item()
 
 
-def test_training_forward_with_anchor_peek_equals_inference(pair):
-    """A block that peeks at its anchor through the first taps == inference with the
-    anchor's partial features cached as one more context entry at the anchor's position;
-    a block with depth 0 beside it is the plain recipe's."""
-    target, draft = target_and_draft(pair)
-    B, taps_ids = draft.args.block_size, draft.args.target_layer_ids
-    seq = mx.array([[5, 17, 40, 2, 99, 123, 7, 61, 88, 9, 33, 14]])
-    anchor, depth = 7, 1
-    taps = target_taps(target, seq, taps_ids)
-    H = taps.shape[-1] // len(taps_ids)
-    block = mx.array([[int(seq[0, anchor])] + [draft.args.mask_token_id] * (B - 1)])
-    emb = target.embed(block)
-
-    cache = draft.make_cache()
-    draft.append_context(taps[:, :anchor], cache)
-    plain = draft(emb, cache)
-    partial = mx.concatenate([taps[:, anchor:anchor + 1, :depth * H],
-                              mx.zeros((1, 1, (len(taps_ids) - depth) * H))], axis=-1)
-    draft.append_context(partial, cache)
-    want = draft.forward_at(emb, cache, anchor)
-    assert not mx.allclose(want, plain, atol=1e-3).item()  # the peek changes the block
-
-    anchors = mx.array([[3, anchor]])
-    block2 = mx.concatenate([mx.array([[int(seq[0, 3])] + [draft.args.mask_token_id] *
-                                       (B - 1)]), block], axis=1)
-    got = train_forward(draft, taps, target.embed(block2), anchors,
-                        context_mask(anchors, seq.shape[1], B), mx.array([[0, depth]]))
-    assert mx.allclose(got[:, B:], want, atol=1e-5).item()
-    cache = draft.make_cache()
-    draft.append_context(taps[:, :3], cache)
-    assert mx.allclose(got[:, :B], draft(target.embed(block2[:, :B]), cache), atol=1e-5).item()
-
-
-def test_make_batch_draws_anchor_peeks():
-    data = Dataset([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 8, 7]], [3, 2])
-    rng = np.random.default_rng(0)
-    assert make_batch(data, [0, 1], 3, 4, 0, rng).peek is None
-    peek = np.array(make_batch(data, [0, 1], 3, 4, 0, rng, peek_depths=[0, 2]).peek)
-    assert peek.shape == (2, 3) and set(peek.ravel()) <= {0, 2} and peek.any()
-
-
 def test_make_batch_labels_and_anchors():
     data = Dataset([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 8, 7]], [3, 2])
     rng = np.random.default_rng(0)
@@ -987,31 +946,6 @@ def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_pa
     assert sorted(rows) == ["all", "evals", "sharegpt"] and rows["sharegpt"]["answers"] == 2
     for row in rows.values():
         assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0
-
-
-def test_anchor_peek_trains_saves_and_reports_each_depth(pair, tmp_path):
-    """--anchor-peek: blocks draw their depth from the list, the saved draft asks the engine
-    for the largest, the log holds the other depths' figures; a depth past the taps is a
-    one-line error, a bad list an argparse error."""
-    from engine.draft import DraftArgs
-
-    target_dir, *_ = pair
-    data = tmp_path / "data.npz"
-    Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
-    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--depth", "1",
-            "--taps", "2", "--steps", "3", "--batch", "2", "--anchors", "2",
-            "--data", str(data), "--val-size", "2", "--no-progress"]
-    log = train(TrainConfig(**vars(build_parser().parse_args(argv + ["--anchor-peek",
-                                                                      "1,0"]))),
-                say=lambda m: None)
-    config = json.loads((tmp_path / "d" / "config.json").read_text())
-    assert config["dflash_config"]["anchor_peek"] == 1
-    assert DraftArgs.from_config(config).anchor_peek == 1
-    assert set(log["final_val_peek"]) == {"0"}
-    assert log["final_val_peek"]["0"]["walk_tokens_per_cycle"] >= 1
-    assert train_draft_main(argv + ["--anchor-peek", "3"]) == 2
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(argv + ["--anchor-peek", "one"])
 
 
 def test_follow_up_anchors_move_a_share_of_blocks_to_where_the_next_cycle_starts():

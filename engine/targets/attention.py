@@ -25,7 +25,6 @@ from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 
 from ..device import current
-from ..kernels import cpu_linear
 from .base import TargetAdapter, cache_arrays
 from .cpu_attention import KernelProjections, attention_call, kernel_sized
 
@@ -43,34 +42,6 @@ def second_half(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     return mx.compile(half, shapeless=True)
-
-
-class RowsView:
-    """A KV cache as a forward of R rows sees it: every row attends to the cache's tokens and
-    to its own; the rows' new keys and values wait here, the cache unchanged."""
-
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-        self.offset = cache.offset
-        self.keys = self.values = None
-
-    def make_mask(self, *args: Any, **kwargs: Any) -> Any:
-        return self.cache.make_mask(*args, **kwargs)
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.keys, self.values = keys, values
-        if self.cache.keys is None or not self.offset:
-            return keys, values
-        old_k, old_v = self.cache.keys_and_values()
-        rows = keys.shape[0]
-        return (mx.concatenate([mx.broadcast_to(old_k, (rows, *old_k.shape[1:])), keys], axis=2),
-                mx.concatenate([mx.broadcast_to(old_v, (rows, *old_v.shape[1:])), values],
-                               axis=2))
-
-    def row(self, index: mx.array) -> tuple[mx.array, mx.array]:
-        """Row `index`'s new keys and values [1, H, T, D]."""
-        return (mx.take(self.keys, index.reshape(1), axis=0),
-                mx.take(self.values, index.reshape(1), axis=0))
 
 
 class AttentionAdapter(TargetAdapter):
@@ -96,48 +67,6 @@ class AttentionAdapter(TargetAdapter):
         on = on and all(type(layer) in SPLIT_LAYERS for layer in self.layers)
         self._halves = [second_half(layer) for layer in self.layers] if on else None
         return on
-
-    @property
-    def can_peek(self) -> bool:
-        return self.lockstep is None
-
-    def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
-        depth = max(tap_ids) + 1
-        restore = self.blas_aside.single_thread() if self.blas_aside is not None else 0
-        try:
-            h = self.inner.embed_tokens(mx.array([[token]]))
-            masks = self._masks(h, cache)
-            outputs = {}
-            for i in range(depth):
-                h = self._layer_forward(i, self.layers[i], h, masks, cache[i])
-                outputs[i] = h
-        finally:
-            if restore:
-                self.blas_aside.set(restore)  # type: ignore[union-attr]
-        for c in cache[:depth]:
-            c.trim(1)  # the verify writes the token's entries again, after every layer
-        return mx.concatenate([outputs[i] for i in tap_ids], axis=-1)
-
-    def can_finish(self, count: int) -> bool:
-        return (self.lockstep is None and 0 < count < len(self.layers)
-                and all(type(layer) in SPLIT_LAYERS and not getattr(layer, "use_sliding", False)
-                        for layer in self.layers[-count:]))
-
-    def finish_states(self, states: mx.array, cache: list[Any], count: int) -> mx.array:
-        # "causal" with the states after the cache's entries: each sees every entry and
-        # the states up to itself; the layers run as in a verify (the CPU's kernels)
-        masks = {"attention": "causal"}
-        aside = self.blas_aside if states.shape[1] <= cpu_linear.MAX_ROWS else None
-        restore = aside.single_thread() if aside is not None else 0
-        try:
-            for i in range(len(self.layers) - count, len(self.layers)):
-                # RowsView: the cached entries read, nothing written
-                states = self._layer_forward(i, self.layers[i], states, masks,
-                                             RowsView(cache[i]))
-        finally:
-            if restore:
-                aside.set(restore)  # type: ignore[union-attr]
-        return states
 
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """Trace the compiled halves and build the kernels of a full-block verify (tapping the

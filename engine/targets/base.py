@@ -175,29 +175,6 @@ class TargetAdapter:
         """Tokens held by the cache (read from its first KV cache)."""
         return int(cache[self._first_kv_index()].offset)
 
-    @property
-    def can_peek(self) -> bool:
-        """Whether `peek` can run (families whose caches roll back by trimming)."""
-        return False
-
-    def peek(self, token: int, cache: list[Any], tap_ids: Sequence[int]) -> mx.array:
-        """`token`'s tapped features [1, 1, len(tap_ids) * H] after the cache's tokens,
-        through the first layers only (up to the last of `tap_ids`); the caches end as they
-        were. What a draft that peeks at its anchor (DraftArgs.anchor_peek) sees of it."""
-        raise NotImplementedError
-
-    def can_finish(self, count: int) -> bool:
-        """Whether `finish_states` can run the last `count` layers (families whose caches
-        hold every layer's keys and values)."""
-        return False
-
-    def finish_states(self, states: mx.array, cache: list[Any], count: int) -> mx.array:
-        """Draft states [1, L, H] at positions after the cache's tokens -> the same through
-        the last `count` layers, each reading its own cached keys and values of the context
-        and, causally, the states' own; the caches end as they were. What a draft with a
-        target top (DraftArgs.target_top) proposes from."""
-        raise NotImplementedError
-
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
         """Compile whatever the target's verify (of up to `verify_tokens`, tapping `tap_ids`)
         and rollback will need, before the first reply (default: nothing to compile)."""

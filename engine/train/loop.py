@@ -20,7 +20,7 @@ import platform
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..cycle import PhaseClock
-from ..draft import TOP_GATE_SCALE, DFlashDraft, DraftArgs, default_tap_ids
+from ..draft import DFlashDraft, DraftArgs, default_tap_ids
 from ..errors import ConfigError
 from ..targets.base import TargetAdapter
 from .dataset import (
@@ -130,16 +130,9 @@ class TrainConfig:
     confidence_power: float = 0.0  # slot weights x the target's label probability ** this
     surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
     repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
-    # each block sees its anchor through a peek depth drawn from these (`Batch.peek`); the
-    # draft's engine depth (DraftArgs.anchor_peek) is the largest; () off
-    anchor_peek: list[int] = field(default_factory=list)
     # share of each step's blocks moved to where a decode's next cycle would start after
     # them (`follow_up_anchors`); 0: uniform anchors only
     follow_share: float = 0.0
-    # the target's last this many layers finish the draft's slot states (`add_top`); 0: none
-    target_top: int = 0
-    top_gate: float = 0.0  # the added top's gate at the start (0: the draft as it was)
-    top_match: float = 0.0  # weight of `top_match_loss` beside the cross-entropy (0: off)
 
     @property
     def gamma(self) -> float:
@@ -243,22 +236,6 @@ def grow_taps(draft: DFlashDraft, taps: Sequence[int]) -> DFlashDraft:
     return grown
 
 
-def add_top(draft: DFlashDraft, count: int, gate: float = 0.0) -> DFlashDraft:
-    """`draft` with the target's last `count` layers finishing its slot states
-    (`DraftArgs.target_top`), every channel's gate at `gate` (0: the draft first proposes
-    exactly what it did; 1: wholly through the top); a draft that has a top keeps it."""
-    if draft.args.target_top:
-        if draft.args.target_top != count:
-            raise ConfigError(f"--target-top {count}: this draft already has a top of "
-                              f"{draft.args.target_top} layers. Fix: give --target-top "
-                              f"{draft.args.target_top}, or start from a draft without one.")
-        return draft
-    topped = DFlashDraft(dataclasses.replace(draft.args, target_top=count))
-    topped.update(tree_unflatten(tree_flatten(draft.parameters())), strict=False)
-    topped.top_gate = mx.full(topped.top_gate.shape, gate / TOP_GATE_SCALE)
-    return topped
-
-
 CHECKPOINT_METADATA = {"format": "mlx", "producer": "dflash train-draft"}
 
 
@@ -322,20 +299,17 @@ def _progress(enabled: bool):
 
 
 def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: TrainConfig,
-             weights: mx.array, peek: int | None = None) -> dict:
+             weights: mx.array) -> dict:
     """Loss and simulated tokens/cycle on held-out sequences (fixed anchors: comparable);
     `novel_tokens_per_cycle` over the blocks whose first label repeats no earlier 4-gram
-    (where a decode's suffix lookup cannot take over from the draft). Blocks peek at their
-    anchor through `peek` taps (default: the draft's `anchor_peek`)."""
-    peek = draft.args.anchor_peek if peek is None else peek
+    (where a decode's suffix lookup cannot take over from the draft)."""
     rng = np.random.default_rng(1234)
     tpc_sum, blocks, loss_sum, n = 0.0, 0, 0.0, 0
     novel_sum, novel_blocks = 0.0, 0
     for i in range(0, len(val), cfg.batch):
         batch = make_batch(val, range(i, min(i + cfg.batch, len(val))), cfg.anchors,
-                           cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True,
-                           peek_depths=[peek] if peek else ())
-        taps = target_taps(target, batch.tokens, draft.training_tap_ids)
+                           cfg.block_size, draft.args.mask_token_id, rng, mark_repeats=True)
+        taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
         logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
         s, b = tokens_per_cycle(logits, batch)
         tpc_sum, blocks = tpc_sum + s, blocks + b
@@ -351,14 +325,11 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
             "novel_blocks": novel_blocks}
 
 
-def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset,
-                          peek: int | None = None) -> float:
+def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset) -> float:
     """Tokens/cycle of the greedy decode each held-out answer would get, averaged over answers
     as the benchmark averages its runs. The anchor mean of `validate` overstates it: a
-    decode's cycles start after misses, where the draft does worst. `peek` as in
-    `validate`."""
-    peek = draft.args.anchor_peek if peek is None else peek
-    walks = [simulate_answer(draft, target, seq, plen, peek)["walk"]
+    decode's cycles start after misses, where the draft does worst."""
+    walks = [simulate_answer(draft, target, seq, plen)["walk"]
              for seq, plen in zip(val.sequences, val.prompt_lens)]
     walks = [w for w in walks if w is not None]
     return sum(walks) / max(len(walks), 1)
@@ -529,31 +500,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         # Start the output norm at the target's final norm: the draft's hidden states feed
         # the target's lm_head, so this begins with logits on the target's scale.
         draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
-    if cfg.anchor_peek:
-        if max(cfg.anchor_peek) > len(draft.args.target_layer_ids):
-            raise ConfigError(f"--anchor-peek {max(cfg.anchor_peek)}: the draft has only "
-                              f"{len(draft.args.target_layer_ids)} taps")
-        if cfg.init and draft.args.anchor_peek != max(cfg.anchor_peek):
-            say(f"anchor peek {draft.args.anchor_peek} -> {max(cfg.anchor_peek)} taps")
-        draft.args.anchor_peek = max(cfg.anchor_peek)
-    if cfg.top_match and not (cfg.target_top or draft.args.target_top):
-        raise ConfigError("--top-match pulls the draft's states toward the target top's input, "
-                          "and this draft has no top. Fix: add one with --target-top N.")
-    if cfg.target_top:
-        if not target.can_finish(cfg.target_top):
-            raise ConfigError(f"--target-top {cfg.target_top}: a {target.family} target of "
-                              f"{len(target.layers)} layers cannot finish the draft's states "
-                              "with its last layers. Fix: a smaller count, or leave it off.")
-        if not draft.args.target_top:
-            say(f"target top added: the target's last {cfg.target_top} layers finish the "
-                f"draft's states (gate at {cfg.top_gate})")
-        draft = add_top(draft, cfg.target_top, cfg.top_gate)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     loss_and_grad = nn.value_and_grad(draft, lambda b, t, s, bw: block_loss(
-        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw,
-        cfg.top_match))
+        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw))
     uses_soft = cfg.distill > 0 or cfg.confidence_power > 0
     uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
@@ -619,9 +570,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
-                               mark_repeats=cfg.repeat_weight < 1, peek_depths=cfg.anchor_peek)
+                               mark_repeats=cfg.repeat_weight < 1)
             _lap(clock, phase_ms, "batch")
-            taps, final = target_features(target, batch.tokens, draft.training_tap_ids,
+            taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
                                           final=uses_final)
             if cfg.follow_share:
                 lengths = np.array([len(train_set.sequences[i]) for i in idx])
@@ -720,14 +671,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     log["final_val"] = {"set": val_name, **final}
     log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
-    for depth in sorted(set(cfg.anchor_peek) - {draft.args.anchor_peek}):
-        # the other depths trained, on the same anchors: which one pays for its layers
-        v = validate(draft, target, val_set, cfg, weights, depth)
-        v["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set, depth)
-        log.setdefault("final_val_peek", {})[str(depth)] = v
-        say(f"peek {depth}: val tokens/cycle {v['tokens_per_cycle']:.2f} (novel "
-            f"{v['novel_tokens_per_cycle']:.2f}, decode walk "
-            f"{v['walk_tokens_per_cycle']:.2f})")
     _write_log(log, log_path, step, total, gen_s, log_start, t0)
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (novel "
         f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
@@ -739,14 +682,12 @@ def follow_up_batch(draft: DFlashDraft, target: TargetAdapter, batch: Batch, tap
                     head: Head, lengths: np.ndarray, cfg: TrainConfig,
                     rng: np.random.Generator) -> Batch:
     """`batch` with a share of its blocks moved to their follow-ups (`follow_up_anchors`),
-    found by the draft's own greedy runs on the uniform anchors (one forward, no gradient);
-    the anchor peeks kept."""
+    found by the draft's own greedy runs on the uniform anchors (one forward, no gradient)."""
     runs = np.array(block_runs(slot_logits(draft, target, batch, taps, head), batch))
     anchors = follow_up_anchors(batch, runs, lengths, cfg.follow_share, rng)
     real = np.array(batch.valid)[:, :, 0] > 0
-    moved = anchored_batch(np.array(batch.tokens), anchors, lengths, real, cfg.block_size,
-                           draft.args.mask_token_id, mark_repeats=batch.repeats is not None)
-    return replace(moved, peek=batch.peek)
+    return anchored_batch(np.array(batch.tokens), anchors, lengths, real, cfg.block_size,
+                          draft.args.mask_token_id, mark_repeats=batch.repeats is not None)
 
 
 def slot_extra_weights(cfg: TrainConfig, batch: Batch, final: mx.array | None,
@@ -897,24 +838,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight W (0..1; 1: off) for the slots whose token ends a 4-gram "
                         "already in the sequence: a decode's suffix lookup proposes most such "
                         "stretches, and they are over half of the target's own long answers")
-    p.add_argument("--anchor-peek", type=_depths, default=d.anchor_peek, metavar="D,...",
-                   help="each block also sees its anchor token through the target's first D "
-                        "taps, D drawn per block from the list (e.g. 0,1,2); the saved draft "
-                        "asks the engine for the largest (the target's first layers run on "
-                        "the anchor before each draft forward); validation reports each D")
-    p.add_argument("--target-top", type=_number_in(1, 64, "a whole number from 1 to 64", int),
-                   default=d.target_top, metavar="N",
-                   help="the target's last N layers finish the draft's slot states, reading "
-                        "the target's own keys and values of the context (added to an --init "
-                        "draft with its gate at --top-gate)")
-    p.add_argument("--top-gate", type=_share, default=d.top_gate, metavar="G",
-                   help="an added top's gate at the start, 0 (default: the draft as it was; "
-                        "the gate then opens only as far as training pushes it) to 1 (its "
-                        "states wholly through the target's last layers)")
-    p.add_argument("--top-match", type=_strength, default=d.top_match, metavar="W",
-                   help="with a target top: add W times how far the slot states sit from the "
-                        "target's own input to its top at each slot's position (relative "
-                        "squared distance) to the loss; 0 (default): off")
     p.add_argument("--follow-ups", dest="follow_share", type=_share, default=d.follow_share,
                    metavar="S",
                    help="move a share S of each step's blocks to where a decode's next cycle "
@@ -943,17 +866,6 @@ def _number_in(low: float, high: float, wanted: str,
 _share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
 _power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
 _strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
-
-
-def _depths(text: str) -> list[int]:
-    """--anchor-peek's list of tap counts (whole numbers >= 0)."""
-    try:
-        depths = sorted({int(x) for x in text.split(",")})
-    except ValueError:
-        depths = [-1]
-    if not depths or depths[0] < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give tap counts >= 0, e.g. 0,1,2")
-    return depths
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:

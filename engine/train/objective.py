@@ -5,7 +5,7 @@ optionally mixed with the target's own next-token distribution: `soft_labels`)."
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,17 +26,15 @@ class Batch:
     labels: mx.array  # [N, A, B-1] true tokens at anchor+1 .. anchor+B-1
     valid: mx.array  # [N, A, B-1] 1 where the label exists (inside the sequence, real anchor)
     repeats: mx.array | None = None  # [N, A, B-1] 1 where the label ends a repeated 4-gram
-    peek: mx.array | None = None  # [N, A] taps of its own anchor each block sees (0: none)
 
 
 def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: int,
                mask_id: int, rng: np.random.Generator, pad_to: int = 32,
-               mark_repeats: bool = False, peek_depths: Sequence[int] = ()) -> Batch:
+               mark_repeats: bool = False) -> Batch:
     """Sample up to `n_anchors` distinct anchors per sequence inside its response. A batch of
     short responses gets fewer anchor slots (the longest one's count, rounded up to 8), and
     a response shorter than that repeats its first anchor with no loss. `mark_repeats`
-    fills `Batch.repeats` (`repeated_positions`); each block draws its anchor peek
-    (`Batch.peek`, `peek_context`) from `peek_depths`."""
+    fills `Batch.repeats` (`repeated_positions`)."""
     N = len(idx)
     most = max(len(data.sequences[i]) - 1 - data.prompt_lens[i] for i in idx)
     A = max(1, min(n_anchors, -(-most // 8) * 8))
@@ -53,11 +51,7 @@ def make_batch(data: Dataset, idx: Sequence[int], n_anchors: int, block_size: in
         anchors[n, : len(pick)], anchors[n, len(pick):] = pick, pick[0]
         real[n, : len(pick)] = True
     lengths = np.array([len(data.sequences[i]) for i in idx])
-    batch = anchored_batch(tokens, anchors, lengths, real, block_size, mask_id, mark_repeats)
-    if peek_depths:
-        batch = replace(batch, peek=mx.array(rng.choice(np.asarray(peek_depths), (N, A))
-                                             .astype(np.int32)))
-    return batch
+    return anchored_batch(tokens, anchors, lengths, real, block_size, mask_id, mark_repeats)
 
 
 def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
@@ -134,31 +128,26 @@ def _rope_blocks(rope: nn.Module, x: mx.array, anchors: mx.array, B: int) -> mx.
 
 
 def _train_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, B: int,
-                     mask: mx.array, peek: tuple[mx.array, mx.array] | None = None) -> mx.array:
+                     mask: mx.array) -> mx.array:
     """Every block's attention over its visible context (`mask`) and its own B slots, one
     softmax across both: the masked attention of the recipe without scoring each query
-    against every other block's slots. `peek` (`peek_context`'s features [N, A, H] and
-    which blocks see them [N, A]): one more context entry per block, at its anchor."""
+    against every other block's slots."""
     N, L, _ = x.shape
     hq, hkv = attn.n_heads, attn.n_kv_heads
     q = _rope_blocks(attn.rope, attn.q_norm(attn._heads(attn.q_proj(x), hq)), anchors, B)
     k = _rope_blocks(attn.rope, attn.k_norm(attn._heads(attn.k_proj(x), hkv)), anchors, B)
     v = attn._heads(attn.v_proj(x), hkv)
     ctx_k, ctx_v = attn.context_kv(ctx, 0)  # context token p at position p
-    peek_kv = None if peek is None else (*_peek_kv(attn, *peek, anchors), peek[1])
-    out = _blockwise_attention(q * attn.scale, k, v, ctx_k, ctx_v, mask, B, peek=peek_kv)
+    out = _blockwise_attention(q * attn.scale, k, v, ctx_k, ctx_v, mask, B)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
 def _blockwise_attention(q: mx.array, k: mx.array, v: mx.array, ctx_k: mx.array,
-                         ctx_v: mx.array, mask: mx.array, B: int, causal: bool = False,
-                         peek: tuple[mx.array, mx.array, mx.array] | None = None) -> mx.array:
+                         ctx_v: mx.array, mask: mx.array, B: int) -> mx.array:
     """The attention of every block's B queries (q [N, hq, A*B, hd], scaled; k, v
     [N, hkv, A*B, hd]) over the context they see (`mask`, ctx_k / ctx_v [N, hkv, T, hd]) and
-    their own block's slots (all of them, or up to their own with `causal`), one softmax
-    across both, without scoring a query against any other block. `peek` (keys and values
-    [N, hkv, A, hd], which blocks see them [N, A]): one more entry per block.
-    -> [N, hq, A*B, hd]."""
+    all of their own block's slots, one softmax across both, without scoring a query against
+    any other block. -> [N, hq, A*B, hd]."""
     N, hq, L, hd = q.shape
     hkv, T = k.shape[1], ctx_k.shape[2]
     A, g = L // B, hq // hkv  # g: query heads per KV head
@@ -166,122 +155,28 @@ def _blockwise_attention(q: mx.array, k: mx.array, v: mx.array, ctx_k: mx.array,
     on_ctx = (q @ ctx_k.swapaxes(-1, -2)).reshape(N, hkv, g, L, T)
     on_ctx = mx.where(mask[:, :, None], on_ctx, -mx.inf)
     on_own = q.reshape(N, hkv, g, A, B, hd) @ k.reshape(N, hkv, 1, A, B, hd).swapaxes(-1, -2)
-    if causal:
-        on_own = mx.where(mx.tril(mx.ones((B, B), dtype=mx.bool_)), on_own, -mx.inf)
     scores = [on_ctx, on_own.reshape(N, hkv, g, L, B)]
-    if peek is not None:
-        peek_k, peek_v, seen_by = peek
-        on_peek = q.reshape(N, hkv, g, A, B, hd) @ peek_k[:, :, None, :, :, None]
-        scores.append(mx.where(seen_by[:, None, None, :, None, None], on_peek, -mx.inf)
-                      .reshape(N, hkv, g, L, 1))
     p = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1, precise=True)
     out = p[..., :T] @ ctx_v[:, :, None]
     own = p[..., T:T + B].reshape(N, hkv, g, A, B, B) @ v.reshape(N, hkv, 1, A, B, hd)
     out = out + own.reshape(N, hkv, g, L, hd)
-    if peek is not None:
-        seen = p[..., T + B:].reshape(N, hkv, g, A, B, 1) * peek_v[:, :, None, :, None, :]
-        out = out + seen.reshape(N, hkv, g, L, hd)
     return out.reshape(N, hq, L, hd)
 
 
-def _peek_kv(attn: nn.Module, features: mx.array, seen: mx.array, anchors: mx.array
-             ) -> tuple[mx.array, mx.array]:
-    """K/V [N, hkv, A, hd] of each block's peek entry at its anchor's position, as
-    `DraftAttention.context_kv` caches a context entry there at inference (one entry per
-    block, each at its own offset)."""
-    N, A, H = features.shape
-    k, v = attn.context_kv(features.reshape(N * A, 1, H), anchors.reshape(-1))
-
-    def per_block(x: mx.array) -> mx.array:  # [N * A, hkv, 1, hd] -> [N, hkv, A, hd]
-        return x.reshape(N, A, attn.n_kv_heads, attn.head_dim).transpose(0, 2, 1, 3)
-
-    return per_block(k), per_block(v)
-
-
-def peek_context(draft: DFlashDraft, taps: mx.array, anchors: mx.array,
-                 depth: mx.array) -> mx.array:
-    """[N, A, H]: each block's anchor token as the target's first `depth` [N, A] taps see it,
-    the later taps zero, projected like any context entry. At inference those taps come
-    from the target's first layers run on the anchor alone before the draft
-    (`DraftArgs.anchor_peek`): the target has read the anchor, the draft otherwise only its
-    embedding."""
-    N, A = anchors.shape
-    n_taps = len(draft.args.target_layer_ids)
-    H = taps.shape[-1] // n_taps
-    at = mx.take_along_axis(taps, anchors[..., None], axis=1).reshape(N, A, n_taps, H)
-    keep = (mx.arange(n_taps)[None, None] < depth[..., None])[..., None]
-    return draft.project_context((at * keep).reshape(N, A, n_taps * H))
-
-
 def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, anchors: mx.array,
-                  mask: mx.array, peek: mx.array | None = None,
-                  target: TargetAdapter | None = None, with_states: bool = False
-                  ) -> mx.array | tuple[mx.array, mx.array]:
-    """taps [N, T, n*H] (`DFlashDraft.training_tap_ids`), block embeddings [N, A*B, H],
-    anchors [N, A], mask from `context_mask`, `peek` (`Batch.peek`) -> normed hidden states
-    [N, A*B, H] (same as the inference forward); `with_states`: and the states before the
-    target top [N, A*B, H]. A draft with a target top needs `target`."""
+                  mask: mx.array) -> mx.array:
+    """taps [N, T, n*H], block embeddings [N, A*B, H], anchors [N, A], mask from
+    `context_mask` -> normed hidden states [N, A*B, H] (same as the inference forward)."""
     if draft.args.layer_types and "sliding_attention" in draft.args.layer_types:
         raise NotImplementedError("training sliding-window draft layers is not supported")
     B = draft.args.block_size
-    own = len(draft.args.target_layer_ids) * (taps.shape[-1] // len(draft.training_tap_ids))
-    taps, top_inputs = taps[..., :own], taps[..., own:]
     ctx = draft.project_context(taps)
-    seen = None if peek is None else (peek_context(draft, taps, anchors, peek), peek > 0)
     h = block_emb
     for layer in draft.layers:
         h = h + _train_attention(layer.self_attn, layer.input_layernorm(h), ctx, anchors, B,
-                                 mask, seen)
+                                 mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    states = h
-    if draft.args.target_top:
-        if target is None:
-            raise ValueError("a draft with a target top trains with the target's last layers: "
-                             "pass `target`")
-        h = draft.finished(h.reshape(-1, B, h.shape[-1]), lambda states: _train_top(
-            target, states, top_inputs, anchors, draft.args.target_top)).reshape(h.shape)
-    return (draft.norm(h), states) if with_states else draft.norm(h)
-
-
-def _train_top(target: TargetAdapter, states: mx.array, inputs: mx.array, anchors: mx.array,
-               count: int) -> mx.array:
-    """Every block's slot states [N * A, K, H] (a run at positions anchor..anchor+K-1)
-    through the target's last `count` layers, as `TargetAdapter.finish_states` runs them in
-    decoding: each layer's keys and values of the context come from its input there (the
-    `top_input_ids` taps, `inputs` [N, T, count * H]), seen before the block's anchor, and
-    the run attends to itself causally."""
-    N, A = anchors.shape
-    K, H = states.shape[1], states.shape[2]
-    x = states.reshape(N, A * K, H)
-    mask = context_mask(anchors, inputs.shape[1], K)
-    first = len(target.layers) - count
-    for i, layer in enumerate(target.layers[first:]):
-        ctx = layer.input_layernorm(inputs[..., i * H:(i + 1) * H])
-        x = x + _top_attention(layer.self_attn, layer.input_layernorm(x), ctx, anchors, K, mask)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return x.reshape(N * A, K, H)
-
-
-def _top_attention(attn: nn.Module, x: mx.array, ctx: mx.array, anchors: mx.array, K: int,
-                   mask: mx.array) -> mx.array:
-    """A target attention module (llama / qwen2 / qwen3 / mistral) on every block's run of
-    K states [N, A*K, H] at positions anchor.., over the context before its anchor (`mask`,
-    keys and values from `ctx` [N, T, H] at positions 0..) and causally over itself."""
-    N, L, _ = x.shape
-    hq, hkv = attn.n_heads, attn.n_kv_heads
-    hd = attn.q_proj.weight.shape[0] // hq
-
-    def heads(y: mx.array, n: int, norm: str | None) -> mx.array:
-        y = y.reshape(y.shape[0], y.shape[1], n, hd).transpose(0, 2, 1, 3)
-        return getattr(attn, norm)(y) if norm and hasattr(attn, norm) else y
-
-    q = _rope_blocks(attn.rope, heads(attn.q_proj(x), hq, "q_norm"), anchors, K)
-    k = _rope_blocks(attn.rope, heads(attn.k_proj(x), hkv, "k_norm"), anchors, K)
-    v = heads(attn.v_proj(x), hkv, None)
-    ctx_k = attn.rope(heads(attn.k_proj(ctx), hkv, "k_norm"))
-    ctx_v = heads(attn.v_proj(ctx), hkv, None)
-    out = _blockwise_attention(q * attn.scale, k, v, ctx_k, ctx_v, mask, K, causal=True)
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+    return draft.norm(h)
 
 
 def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
@@ -322,38 +217,13 @@ def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
 
 
 def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
-                taps: mx.array, with_states: bool = False
-                ) -> mx.array | tuple[mx.array, mx.array]:
-    """-> the draft's hidden states [N, A, B-1, H] at slots 1..B-1 of every block;
-    `with_states`: and its states there before the target top (`train_forward`)."""
+                taps: mx.array) -> mx.array:
+    """-> the draft's hidden states [N, A, B-1, H] at slots 1..B-1 of every block."""
     B = draft.args.block_size
     N, A = batch.anchors.shape
     mask = context_mask(batch.anchors, taps.shape[1], B)
-    out = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask,
-                        batch.peek, target, with_states)
-    hidden, states = out if with_states else (out, None)
-    hidden = hidden.reshape(N, A, B, -1)[:, :, 1:]
-    if not with_states:
-        return hidden
-    return hidden, states.reshape(N, A, B, -1)[:, :, 1:]
-
-
-def top_match_loss(draft: DFlashDraft, states: mx.array, taps: mx.array, batch: Batch,
-                   weights: mx.array) -> mx.array:
-    """How far the slot states [N, A, B-1, H] sit from what the target top reads in the
-    target's own forward: slot k's from the target's input to its top at position
-    anchor + k - 1 (the first `top_input_ids` tap), as a squared distance relative to that
-    input's own size, weighted as the loss weighs the slots. A trained draft's states are
-    made for the head, not for the top: this shows it the top's kind of input."""
-    N, A, K, H = states.shape
-    T = taps.shape[1]
-    first = len(draft.args.target_layer_ids) * H  # the top's inputs follow the draft's taps
-    pos = mx.minimum(batch.anchors[:, :, None] + mx.arange(K)[None, None], T - 1)
-    truth = mx.take_along_axis(taps[..., first:first + H], pos.reshape(N, A * K)[..., None],
-                               axis=1).reshape(N, A, K, H)
-    err = ((states - truth) ** 2).mean(axis=-1) / mx.maximum((truth ** 2).mean(axis=-1), 1e-6)
-    w = batch.valid * weights
-    return (err * w).sum() / mx.maximum(w.sum(), 1e-6)
+    hidden = train_forward(draft, taps, target.embed(batch.block), batch.anchors, mask)
+    return hidden.reshape(N, A, B, -1)[:, :, 1:]
 
 
 def slot_logits(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
@@ -410,22 +280,15 @@ def repeat_weights(repeats: mx.array, weight: float) -> mx.array:
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
                weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
                soft_weight: float = 0.0, confidence_power: float = 0.0,
-               extra_weights: mx.array | None = None, top_match: float = 0.0) -> mx.array:
+               extra_weights: mx.array | None = None) -> mx.array:
     """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
     `soft_weight` share of it against the target's whole distribution instead, which also
     says how close the runner-up tokens were, with `confidence_power` c each slot
     weighted by the target's probability of its label to the power c, and by
     `extra_weights`: per block [N, A, 1] (`surprise_weights`) or per slot [N, A, B-1]
-    (`repeat_weights`); plus `top_match` times `top_match_loss` (a draft with a target top)."""
-    matching = top_match > 0 and draft.args.target_top > 0
-    if not matching:
-        return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
-                         soft_weight, confidence_power, extra_weights)
-    head = head or target.lm_head
-    hidden, states = slot_hidden(draft, target, batch, taps, with_states=True)
-    loss = top_match * top_match_loss(draft, states, taps, batch, weights)
-    return loss + slot_loss(head(hidden), batch, weights, soft, soft_weight,
-                            confidence_power, extra_weights)
+    (`repeat_weights`)."""
+    return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
+                     soft_weight, confidence_power, extra_weights)
 
 
 def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
@@ -475,31 +338,28 @@ def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
 
 
 def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
-                prompt_len: int, chunk: int = 64, peek: int = 0) -> np.ndarray:
+                prompt_len: int, chunk: int = 64) -> np.ndarray:
     """The run (`block_runs`) of a block anchored at every response position of one sequence:
     entry a is the anchor at prompt_len + a (`anchor_hits`)."""
-    hits, _ = anchor_hits(draft, target, seq, prompt_len, chunk, peek)
+    hits, _ = anchor_hits(draft, target, seq, prompt_len, chunk)
     return np.cumprod(hits, axis=-1).sum(axis=-1)
 
 
 def anchor_hits(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
-                prompt_len: int, chunk: int = 64, peek: int = 0
-                ) -> tuple[np.ndarray, np.ndarray]:
+                prompt_len: int, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """A block anchored at every response position of one sequence (target features from one
-    forward, as in training), each peeking at its anchor through `peek` taps. -> (bool
+    forward, as in training). -> (bool
     [n, B-1]: the draft's proposal right at slots 1..B-1, bool [n, B-1]: the slot lies inside
     the sequence), row a the anchor at prompt_len + a."""
     tokens = np.asarray(seq, np.int32)[None]
     length = np.array([tokens.shape[1]])
-    taps = target_taps(target, mx.array(tokens), draft.training_tap_ids)
+    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
     K = draft.args.block_size - 1
     hits, valid = [np.zeros((0, K), bool)], [np.zeros((0, K), bool)]
     for lo in range(prompt_len, length[0] - 1, chunk):
         anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
         batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
                                draft.args.block_size, draft.args.mask_token_id)
-        if peek:
-            batch = replace(batch, peek=mx.full(anchors.shape, peek, mx.int32))
         inside = np.array(batch.valid)[0] > 0
         right = np.array(mx.argmax(slot_logits(draft, target, batch, taps), -1))[0]
         hits.append((right == np.array(batch.labels)[0]) & inside)
@@ -522,11 +382,11 @@ def walk_cycles(runs: Sequence[int], n: int) -> list[int]:
 
 
 def simulate_answer(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
-                    prompt_len: int, peek: int = 0) -> dict:
+                    prompt_len: int) -> dict:
     """Greedy acceptance on one answer, two ways: `anchor_mean` (1 + run over a block at every
     position) and `walk` (tokens/cycle of the cycles in `walk_cycles`, as a decode counts);
-    `anchor_runs` holds the run at every anchor; `peek` as in `anchor_runs`."""
-    runs = anchor_runs(draft, target, seq, prompt_len, peek=peek)
+    `anchor_runs` holds the run at every anchor."""
+    runs = anchor_runs(draft, target, seq, prompt_len)
     n = len(seq) - prompt_len
     cycles = walk_cycles(runs, n)
     return {"anchor_mean": float(1 + runs.mean()) if len(runs) else None,
