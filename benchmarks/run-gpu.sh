@@ -40,19 +40,9 @@
 #                each of VARIANTS (default "defaults off": the engine's GPU defaults, which
 #                queue the next draft early and stream each forward every 6 layers, and none
 #                of the options; also "prefetch", "stream": each alone, "prefetch-stream":
-#                both with --stream-verify EVERY (default 6), "compiled": --compiled-verify on,
-#                "pipeline": --pipeline on, "all": prefetch + compiled, "tree": --branches
-#                TREE (default 4x2), "tree-all": the tree with prefetch + compiled, "span":
-#                the defaults with --lookup-span SPAN (default 64; its oracle rows equal the
-#                defaults', the oracle proposing every cycle: ORACLE=0), "siblings": the
-#                defaults with --siblings SIBLINGS (default 3x3: sibling trees),
-#                "drafttree": the defaults with --draft-tree on (the draft's likeliest tree
-#                each cycle), "chaintree": the same tree following the draft's token chain
-#                (--draft-tree on --token-chain on), "chain": the row following it; the
-#                stage-19 and stage-20 sessions measured compiled, tree, tree-all, pipeline and
-#                prefetch-stream: only the last paid, benchmarks/stage19/, stage20/) the oracle
-#                rows at ORACLE_KS (default "8 4"; ORACLE=0 skips them; never for trees: the
-#                oracle proposes one row) and the suites in SUITES (default mt-bench),
+#                both with --stream-verify EVERY (default 6)) the oracle rows at ORACLE_KS
+#                (default "8 4"; ORACLE=0 skips them) and the suites in SUITES (default
+#                mt-bench),
 #                -<variant> in the file names. All may not fit one 10-minute call: split
 #                VARIANTS over calls on one machine (KERNELS=0 after the first)
 #   PART=synthetic the synthetic Qwen3.5-9B in bf16 alone (REPEAT pairs, SUFFIX; e.g.
@@ -166,7 +156,7 @@ gen-profile)  # issue 12: sdpa, cache updates, decode steps and answer_running, 
   TAIL=40 step 300 python3 scripts/gen_profile.py --json "$OUT/gen-profile-bf16-h200.json" ;;
 overlap)  # issue 13: work queued before the host needs it, against the engine's defaults
   if [[ ${KERNELS:-1} == 1 ]]; then
-    BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64 --compiled-verify on  # kernels
+    BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels
   fi
   none="--prefetch-draft off --stream-verify off"  # the GPU defaults turn both on
   for v in ${VARIANTS:-defaults off}; do
@@ -175,20 +165,10 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
       off) a="$none" ;;
       prefetch) a="--prefetch-draft on --stream-verify off" ;;
       stream) a="--prefetch-draft off --stream-verify ${EVERY:-6}" ;;
-      compiled) a="$none --compiled-verify on" ;;
       prefetch-stream) a="--prefetch-draft on --stream-verify ${EVERY:-6}" ;;
-      pipeline) a="$none --pipeline on" ;;
-      all) a="--prefetch-draft on --stream-verify off --compiled-verify on" ;;
-      tree) a="$none --branches ${TREE:-4x2}" ;;
-      tree-all) a="--branches ${TREE:-4x2} --prefetch-draft on --stream-verify off --compiled-verify on" ;;
-      span) a="--lookup-span ${SPAN:-64}" ;;  # the defaults + a loop's repeat past the block
-      siblings) a="--siblings ${SIBLINGS:-3x3}" ;;  # the defaults + sibling trees (engine/tree.py)
-      drafttree) a="--draft-tree on" ;;  # the defaults + the draft's likeliest trees
-      chaintree) a="--draft-tree on --token-chain on" ;;  # ... whose children follow the chain
-      chain) a="--token-chain on" ;;  # the defaults + the row following the chain
       *) echo "unknown variant $v" >&2; continue ;;
     esac
-    if [[ ${ORACLE:-1} == 1 && $v != tree* && $v != siblings && $v != *tree ]]; then  # the oracle: one row
+    if [[ ${ORACLE:-1} == 1 ]]; then
       for k in ${ORACLE_KS:-8 4}; do
         ARGS="$a" bench --suite mt-bench --limit 8 --max-tokens 256 --no-eos \
           --oracle-tokens-per-cycle $k --json "$OUT/smollm2-oracle$k-$v-h200.json"

@@ -190,7 +190,7 @@
 #   PART=more1  the same on GPU 0 alone (GPU 1 stays free for benchmarks meanwhile), with
 #               TRAIN_ARGS too
 # SOLO=1 runs (and more1) stop TAIL_S (default 150) seconds after their TRAIN_S / MORE_S: the
-# final validation's time (more with --anchor-peek, which checks every depth)
+# final validation's time
 #   PART=ab     two drafts from INIT side by side for AB_S seconds, one per GPU (each timing
 #               PROFILE steps' phases, default 10, into its log's step_profile): a as INIT,
 #               b with the extra taps TAPS_B (grow_taps), or with B_ARGS instead (more
