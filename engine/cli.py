@@ -85,8 +85,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if result.speculative:
         line += (f", acceptance {result.acceptance_rate:.1%}, "
                  f"tokens/cycle {result.tokens_per_cycle:.2f} (block {result.block_size}"
-                 + (f", verify cut p<{rt.min_confidence}" if rt.min_confidence else "")
-                 + (f", draft vocab {rt.draft_vocab}" if rt.draft_vocab else "")
+                 + (f", verify cut p<{rt.plan.min_confidence}" if rt.plan.min_confidence else "")
+                 + (f", draft vocab {rt.plan.draft_vocab}" if rt.plan.draft_vocab else "")
                  + (f", lookup {result.lookup_cycles}/{result.cycles} cycles"
                     if result.lookup_cycles else "")
                  + ")")

@@ -1,4 +1,4 @@
-"""Engine settings: one plain dataclass, validated once."""
+"""Engine settings: one plain dataclass, validated once; engine/plan.py resolves its "auto"s."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ MAX_BLOCK_SIZE = 16
 DEFAULT_MIN_CONFIDENCE = 0.4
 CPU_DRAFT_VOCAB = 8192
 MIN_DRAFT_VOCAB = 256
-# --copy-odds auto's odds where the verify cut is on (the CPU's default: the cut already reads
-# the draft's distributions on the host, so the copy adds no sync there)
-CPU_COPY_ODDS = 0.1
+CPU_COPY_ODDS = 0.1  # --copy-odds auto's odds where the verify cut is on
 # --stream-verify auto's layer count on CUDA: the oracle-4 A/B on the H200 (benchmarks/stage33/)
 # cost fewer plain steps a cycle at 2-4 than at 6, whose last chunk the device runs after the
 # host has built everything
@@ -27,8 +25,9 @@ GPU_STREAM_EVERY = 4
 
 @dataclass
 class DFlashConfig:
-    """The knobs a user turns. Per-call options (profiling) live on `generate`, the target's
-    rollback options on the adapter (`engine.targets.adapter_for`)."""
+    """The knobs a user turns; "auto" leaves the choice to `engine.plan.make_plan`, per device
+    and pair. Per-call options (profiling) live on `generate`, the target's rollback options
+    on the adapter (`engine.targets.adapter_for`)."""
 
     # None: use the draft checkpoint's block_size (16 for the published drafts).
     draft_block_size: int | None = None
@@ -36,9 +35,7 @@ class DFlashConfig:
     # (0 < p <= 1; None verifies the whole block): a verify's cost grows with its length, and
     # a run rarely survives a draft the draft itself doubts. Lossless either way. The cut
     # costs a second host sync per cycle (the verify's length is read back before it runs).
-    # "auto": DEFAULT_MIN_CONFIDENCE on the CPU, where a forward's cost grows with its length
-    # and a sync is cheap; whole blocks on GPUs and Metal, where a 16-token forward at
-    # checkpoint precision costs little more than a 1-token one and a cycle syncs once.
+    # "auto": DEFAULT_MIN_CONFIDENCE on the CPU, whole blocks on GPUs and Metal.
     min_draft_confidence: float | str | None = "auto"
     # With the cut on, verify the cheapest length at or above the cut's instead of exactly it:
     # a CPU's matmuls cost more at some token counts than at longer ones. Measured once per
@@ -48,8 +45,7 @@ class DFlashConfig:
     # The draft proposes from its ranking's top K tokens plus the prompt's own (lossless: the
     # target verifies every proposal; a next token outside the subset only ends the accepted
     # run). Needs the draft's token_ranking.json; without one the full head is used. "auto":
-    # CPU_DRAFT_VOCAB on CPU, where the full head dominates a draft forward (see draft_head),
-    # the full head on GPUs until measured there. None: the full head.
+    # CPU_DRAFT_VOCAB on CPU, the full head on GPUs until measured there. None: the full head.
     draft_vocab: int | str | None = "auto"
     # Where the context's last N tokens (N >= this) occurred before, a cycle proposes what
     # followed them (engine/lookup.py) instead of running the draft: replies repeat their
@@ -60,9 +56,7 @@ class DFlashConfig:
     # outputs still on the device, so that the device can draft while the host reads the
     # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
     # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. "auto": on
-    # CUDA, where the H200 measured it (benchmarks/stage20/); off on CPU, where nothing
-    # overlaps, and on Metal until measured there. Lossless: the target verifies every
-    # proposal.
+    # CUDA. Lossless: the target verifies every proposal.
     prefetch_draft: bool | str = "auto"
     # Queue each target forward's work every N decoder layers while the host builds the rest
     # of its graph (mx.async_eval), so that the device starts on the first layers instead of
@@ -74,9 +68,8 @@ class DFlashConfig:
     # copied_proposal): slot by slot, the token that followed the longest earlier n-gram the
     # context and the block so far end with replaces the draft's top token where the draft
     # gives it at least these odds of that token's probability. "auto": CPU_COPY_ODDS on CPU
-    # with the verify cut on (the 2-core CPU gained tokens/cycle at no cost in speed there:
-    # benchmarks/stage33/), off otherwise (on whole blocks it adds a host sync per cycle; GPUs
-    # have not measured it). None: off. Lossless: the target verifies every proposal.
+    # with the verify cut on, off otherwise. None: off. Lossless: the target verifies every
+    # proposal.
     copy_odds: float | str | None = "auto"
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
@@ -151,40 +144,6 @@ class DFlashConfig:
         pc = self.prompt_cache_bytes
         if pc != "auto" and (not isinstance(pc, int) or isinstance(pc, bool) or pc < 0):
             raise ConfigError(f"prompt_cache_bytes={pc!r}: use a byte count (0: off) or 'auto'")
-
-    def min_confidence(self, backend: str = "cpu") -> float | None:
-        """The verify cut for a backend ("cpu", "cuda", "metal"), "auto" resolved."""
-        if self.min_draft_confidence == "auto":
-            return DEFAULT_MIN_CONFIDENCE if backend == "cpu" else None
-        return self.min_draft_confidence  # type: ignore[return-value]
-
-    def prefetch_for(self, backend: str) -> bool:
-        """Whether greedy whole-block cycles queue their next draft early on a backend."""
-        if self.prefetch_draft == "auto":
-            return backend == "cuda"
-        return bool(self.prefetch_draft)
-
-    def copy_odds_for(self, backend: str, min_confidence: float | None) -> float | None:
-        """The copy's odds on a backend with the verify cut in effect, "auto" resolved; None:
-        off."""
-        if self.copy_odds == "auto":
-            return CPU_COPY_ODDS if backend == "cpu" and min_confidence is not None else None
-        return self.copy_odds  # type: ignore[return-value]
-
-    def stream_every_for(self, backend: str) -> int | None:
-        """Every how many layers a forward's work is queued on a backend; None: at its end."""
-        if self.stream_verify == "auto":
-            return GPU_STREAM_EVERY if backend == "cuda" else None
-        return self.stream_verify  # type: ignore[return-value]
-
-    def draft_vocab_for(self, backend: str, has_ranking: bool) -> int | None:
-        """The draft's top-K token count for a backend, "auto" resolved; None: full head."""
-        if not has_ranking:
-            return None
-        if self.draft_vocab == "auto":
-            return CPU_DRAFT_VOCAB if backend == "cpu" else None
-        return self.draft_vocab  # type: ignore[return-value]
-
 
 def in_unit_interval(value: Any) -> bool:
     """Whether a setting is a number in (0, 1] (a bool is not a number here)."""

@@ -1,8 +1,14 @@
-"""The speculative loop: prefill, then [draft -> verify -> accept -> commit/rollback]*.
+"""The speculative loop: prefill, then [propose -> verify -> accept -> commit/rollback]*.
 
-Yields `Commit`s of token ids; the runtime turns them into text spans and stops on EOS.
-Greedy (the default): every committed token is the target's argmax, so output equals plain
-greedy decoding. At temperature > 0, speculative sampling keeps the target's distribution.
+A cycle, as the plan (engine/plan.py) sets it up: the proposer stages the last committed token
+and proposes what follows it: a repeat of earlier context where the suffix lookup finds one,
+else one draft forward (its top tokens, finished from the context where the copy is on), cut
+after the first draft the draft doubts where the verify cut is on. One target forward
+verifies the proposal; greedy acceptance keeps the drafts up to the first that differs from
+the target's argmax and adds the target's own next token; one host read brings back what the
+cycle commits; the caches roll back to it. Greedy (the default): every committed token is the
+target's argmax, so output equals plain greedy decoding. At temperature > 0, speculative
+sampling keeps the target's distribution. The runtime turns the `Commit`s into text spans.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
 from .lookup import ContextCopy, SuffixLookup
+from .plan import Plan
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
 
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
 REPEAT_ODDS = 0.4
-
 
 
 @dataclass
@@ -73,6 +79,7 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
     return logits[0, -1]
 
 
+# -- proposals ----------------------------------------------------------------------------
 def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
             staged: int, size: int, min_confidence: float | None = None,
             head: DraftHead | None = None, lengths: Sequence[int] = ()) -> mx.array:
@@ -94,6 +101,13 @@ def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
     return drafted_proposal(staged, logits, head, min_confidence, lengths)
 
 
+def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
+    """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
+    K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
+    multiplies 16 rows faster than 15."""
+    return head(hidden)[:, 1:]
+
+
 def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
                      min_confidence: float | None = None, lengths: Sequence[int] = ()
                      ) -> mx.array:
@@ -102,122 +116,6 @@ def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
     drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(mx.int32)
     proposal = mx.concatenate([mx.array([[staged]], dtype=mx.int32), drafted], axis=1)
     return proposal[:, :verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)]
-
-
-def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: ContextCopy,
-                    odds: float, min_confidence: float | None = None,
-                    lengths: Sequence[int] = (), repeat: Sequence[int] = ()
-                    ) -> tuple[mx.array, bool]:
-    """`drafted_proposal` built slot by slot on the host: at each slot the context's
-    candidate (`ContextCopy.candidate` of the tokens chosen so far) replaces the draft's top
-    token where the draft gives it at least `odds` times that token's probability. With
-    `repeat` (a suffix lookup's proposal from a short match), the repeat instead where the
-    draft expects it to run REPEAT_ODDS times as far (`choose_proposal`'s rule). Reads the
-    draft's distributions (a host sync between draft and verify, as the verify cut's); the
-    cut then reads the chosen tokens' probabilities. Lossless: the target verifies it.
-    -> (verify input [1, <= size], whether the repeat was taken)."""
-    # float32 on the host: numpy has no bfloat16 (a bf16 draft's logits)
-    probs_d = mx.softmax(logits[0], axis=-1, precise=True).astype(mx.float32)  # [n, K]
-    top_d = mx.argmax(probs_d, axis=-1)
-    ids_d = head.token_ids(top_d)
-    mx.eval(probs_d, top_d, ids_d)  # the cycle's read before its verify
-    probs, top, top_ids = np.array(probs_d), np.array(top_d), np.array(ids_d)
-    row: list[int] = []
-    chosen: list[float] = []
-    for j in range(probs.shape[0]):
-        token, p = int(top_ids[j]), float(probs[j, top[j]])
-        candidate = copy.candidate(row)
-        if candidate >= 0 and candidate != token:
-            index = head.host_index(candidate)
-            if index >= 0 and probs[j, index] >= odds * p:
-                token, p = candidate, float(probs[j, index])
-        row.append(token)
-        chosen.append(p)
-    size = len(row) + 1
-    if repeat:
-        n = min(len(repeat), len(row))
-        indices = [head.host_index(t) for t in repeat[:n]]
-        repeat_probs = [float(probs[j, i]) if i >= 0 else 0.0 for j, i in enumerate(indices)]
-        if (np.cumprod(repeat_probs).sum()
-                >= REPEAT_ODDS * np.cumprod(chosen).sum()):
-            return mx.array([[staged, *repeat[:n]]], dtype=mx.int32), True
-    n = size
-    if min_confidence is not None:
-        with mx.stream(mx.cpu):  # host values: no device round trip for the count
-            n = cut_length(mx.array(chosen, dtype=mx.float32), min_confidence, size, lengths)
-    return mx.array([[staged, *row][:n]], dtype=mx.int32), False
-
-
-def agreeing_run(drafts: mx.array, choice: mx.array) -> mx.array:
-    """How many leading drafts [n] equal the target's choices [n]."""
-    return mx.sum(mx.cumprod((drafts == choice).astype(mx.int32), axis=-1), axis=-1)
-
-
-def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
-    """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
-    K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
-    multiplies 16 rows faster than 15."""
-    return head(hidden)[:, 1:]
-
-
-def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
-                  sampler: Sampler, min_confidence: float | None = None,
-                  lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
-    """Draft logits [1, size - 1, K] over the token subset `ids` (None: the vocabulary)
-    -> (verify input [1, n + 1]: `staged`, then drafts drawn from the processed q; q over
-    the vocabulary [n, V]). The verify cut shortens both: an early stop, not a rejection."""
-    if logits.shape[1] == 0:  # a one-token verify: nothing to draft
-        return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, vocab))
-    q = sampler.probs(logits[0])
-    drafted = sampler.draw(q).astype(mx.int32)
-    if ids is not None:
-        drafted = ids[drafted]
-    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), drafted])[None]
-    n = verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)
-    return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
-
-
-def selected_proposal(staged: int, selector: CandidateSelector, hidden: mx.array,
-                      logits: mx.array, head: DraftHead, vocab: int,
-                      sampler: Sampler | None = None, min_confidence: float | None = None,
-                      lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array | None]:
-    """A DFlash2 draft's proposal: its selector's path (`CandidateSelector.walk`) through the
-    slots' hidden states [n, H] and logits [n, K] over `head`. -> (verify input [1, <= n + 1]:
-    `staged`, then the path; with a `sampler`, the draws' distributions over the vocabulary
-    [<= n, V], each conditioned on the draws before it as speculative sampling needs). The
-    verify cut reads the draft's own probabilities of the path's tokens."""
-    path = selector.walk(hidden, logits, staged, head, sampler)
-    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), path.tokens])[None]
-    size = path.tokens.shape[0] + 1
-    n = size if min_confidence is None else cut_length(path.confidence, min_confidence, size,
-                                                        lengths)
-    if path.q is None:
-        return proposal[:, :n], None
-    q = mx.put_along_axis(mx.zeros((size - 1, vocab), dtype=path.q.dtype), path.candidates,
-                          path.q, axis=-1)
-    return proposal[:, :n], q[: n - 1]
-
-
-def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
-                   sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None,
-                   lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array, mx.array]:
-    """`draw_proposal` with `repeat` as the alternative, chosen as `choose_proposal` does but
-    on the draft's processed distribution q. The choice reads the draft alone, so either
-    proposal keeps speculative sampling exact with its own q: the draws' q, or the repeat's
-    (one-hot). -> (verify input, q over the vocabulary [n, V], whether the repeat was taken)."""
-    q = sampler.probs(logits[0])
-    drawn = head.token_ids(sampler.draw(q)).astype(mx.int32)
-    take, tokens = take_repeat(q, head, repeat, drawn)
-    q = mx.where(take, one_hot(tokens, vocab), full_vocab(q, head.ids, vocab))
-    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
-    length = choice_length(take, top_probability(logits), len(repeat), min_confidence,
-                           logits.shape[1] + 1, lengths)
-    return proposal[:, :length], q[: length - 1], take
-
-
-def one_hot(tokens: mx.array, vocab: int) -> mx.array:
-    """A certain proposal's q: [n] token ids -> [n, vocab] float32."""
-    return (mx.arange(vocab)[None] == tokens[:, None]).astype(mx.float32)
 
 
 def top_probability(logits: mx.array) -> mx.array:
@@ -240,15 +138,9 @@ def verify_length(logits: mx.array, min_confidence: float | None, size: int,
 def cut_length(probs: mx.array, min_confidence: float, size: int,
                lengths: Sequence[int] = ()) -> int:
     """The verify cut for a proposal whose drafts the draft gives `probs` [size - 1]: the
-    staged token and the drafts up to and including the first below `min_confidence`,
-    `padded` by `lengths`."""
-    return padded(unpadded_cut(probs, min_confidence, size), size, lengths)
-
-
-def unpadded_cut(probs: mx.array, min_confidence: float, size: int) -> int:
-    """`cut_length` before its padding: the staged token and the drafts up to and including
-    the first below `min_confidence`, within `size` (a host sync)."""
-    return min(int(confident_run(probs, min_confidence)) + 2, size)
+    staged token and the drafts up to and including the first below `min_confidence` (a host
+    sync), `padded` by `lengths`."""
+    return padded(min(int(confident_run(probs, min_confidence)) + 2, size), size, lengths)
 
 
 def padded(n: int, size: int, lengths: Sequence[int]) -> int:
@@ -316,6 +208,118 @@ def choice_length(take: mx.array, top: mx.array, repeat: int, min_confidence: fl
     return min(repeat, size - 1) + 1 if took else padded(min(cut + 2, size), size, lengths)
 
 
+def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: ContextCopy,
+                    odds: float, min_confidence: float | None = None,
+                    lengths: Sequence[int] = (), repeat: Sequence[int] = ()
+                    ) -> tuple[mx.array, bool]:
+    """`drafted_proposal` built slot by slot on the host: at each slot the context's
+    candidate (`ContextCopy.candidate` of the tokens chosen so far) replaces the draft's top
+    token where the draft gives it at least `odds` times that token's probability. With
+    `repeat` (a suffix lookup's proposal from a short match), the repeat instead where the
+    draft expects it to run REPEAT_ODDS times as far (`choose_proposal`'s rule). Reads the
+    draft's distributions (a host sync between draft and verify, as the verify cut's); the
+    cut then reads the chosen tokens' probabilities. Lossless: the target verifies it.
+    -> (verify input [1, <= size], whether the repeat was taken)."""
+    # float32 on the host: numpy has no bfloat16 (a bf16 draft's logits)
+    probs_d = mx.softmax(logits[0], axis=-1, precise=True).astype(mx.float32)  # [n, K]
+    top_d = mx.argmax(probs_d, axis=-1)
+    ids_d = head.token_ids(top_d)
+    mx.eval(probs_d, top_d, ids_d)  # the cycle's read before its verify
+    probs, top, top_ids = np.array(probs_d), np.array(top_d), np.array(ids_d)
+    row: list[int] = []
+    chosen: list[float] = []
+    for j in range(probs.shape[0]):
+        token, p = int(top_ids[j]), float(probs[j, top[j]])
+        candidate = copy.candidate(row)
+        if candidate >= 0 and candidate != token:
+            index = head.host_index(candidate)
+            if index >= 0 and probs[j, index] >= odds * p:
+                token, p = candidate, float(probs[j, index])
+        row.append(token)
+        chosen.append(p)
+    size = len(row) + 1
+    if repeat:
+        n = min(len(repeat), len(row))
+        indices = [head.host_index(t) for t in repeat[:n]]
+        repeat_probs = [float(probs[j, i]) if i >= 0 else 0.0 for j, i in enumerate(indices)]
+        if (np.cumprod(repeat_probs).sum()
+                >= REPEAT_ODDS * np.cumprod(chosen).sum()):
+            return mx.array([[staged, *repeat[:n]]], dtype=mx.int32), True
+    n = size
+    if min_confidence is not None:
+        with mx.stream(mx.cpu):  # host values: no device round trip for the count
+            n = cut_length(mx.array(chosen, dtype=mx.float32), min_confidence, size, lengths)
+    return mx.array([[staged, *row][:n]], dtype=mx.int32), False
+
+
+# -- sampled proposals --------------------------------------------------------------------
+def draw_proposal(staged: int, logits: mx.array, ids: mx.array | None, vocab: int,
+                  sampler: Sampler, min_confidence: float | None = None,
+                  lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array]:
+    """Draft logits [1, size - 1, K] over the token subset `ids` (None: the vocabulary)
+    -> (verify input [1, n + 1]: `staged`, then drafts drawn from the processed q; q over
+    the vocabulary [n, V]). The verify cut shortens both: an early stop, not a rejection."""
+    if logits.shape[1] == 0:  # a one-token verify: nothing to draft
+        return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, vocab))
+    q = sampler.probs(logits[0])
+    drafted = sampler.draw(q).astype(mx.int32)
+    if ids is not None:
+        drafted = ids[drafted]
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), drafted])[None]
+    n = verify_length(logits, min_confidence, logits.shape[1] + 1, lengths)
+    return proposal[:, :n], full_vocab(q, ids, vocab)[: n - 1]
+
+
+def draw_or_repeat(staged: int, logits: mx.array, head: DraftHead, vocab: int,
+                   sampler: Sampler, repeat: Sequence[int], min_confidence: float | None = None,
+                   lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array, mx.array]:
+    """`draw_proposal` with `repeat` as the alternative, chosen as `choose_proposal` does but
+    on the draft's processed distribution q. The choice reads the draft alone, so either
+    proposal keeps speculative sampling exact with its own q: the draws' q, or the repeat's
+    (one-hot). -> (verify input, q over the vocabulary [n, V], whether the repeat was taken)."""
+    q = sampler.probs(logits[0])
+    drawn = head.token_ids(sampler.draw(q)).astype(mx.int32)
+    take, tokens = take_repeat(q, head, repeat, drawn)
+    q = mx.where(take, one_hot(tokens, vocab), full_vocab(q, head.ids, vocab))
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
+    length = choice_length(take, top_probability(logits), len(repeat), min_confidence,
+                           logits.shape[1] + 1, lengths)
+    return proposal[:, :length], q[: length - 1], take
+
+
+def one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    """A certain proposal's q: [n] token ids -> [n, vocab] float32."""
+    return (mx.arange(vocab)[None] == tokens[:, None]).astype(mx.float32)
+
+
+# -- a DFlash2 draft's proposals --------------------------------------------------------
+def selected_proposal(staged: int, selector: CandidateSelector, hidden: mx.array,
+                      logits: mx.array, head: DraftHead, vocab: int,
+                      sampler: Sampler | None = None, min_confidence: float | None = None,
+                      lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array | None]:
+    """A DFlash2 draft's proposal: its selector's path (`CandidateSelector.walk`) through the
+    slots' hidden states [n, H] and logits [n, K] over `head`. -> (verify input [1, <= n + 1]:
+    `staged`, then the path; with a `sampler`, the draws' distributions over the vocabulary
+    [<= n, V], each conditioned on the draws before it as speculative sampling needs). The
+    verify cut reads the draft's own probabilities of the path's tokens."""
+    path = selector.walk(hidden, logits, staged, head, sampler)
+    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), path.tokens])[None]
+    size = path.tokens.shape[0] + 1
+    n = size if min_confidence is None else cut_length(path.confidence, min_confidence, size,
+                                                        lengths)
+    if path.q is None:
+        return proposal[:, :n], None
+    q = mx.put_along_axis(mx.zeros((size - 1, vocab), dtype=path.q.dtype), path.candidates,
+                          path.q, axis=-1)
+    return proposal[:, :n], q[: n - 1]
+
+
+# -- acceptance ---------------------------------------------------------------------------
+def agreeing_run(drafts: mx.array, choice: mx.array) -> mx.array:
+    """How many leading drafts [n] equal the target's choices [n]."""
+    return mx.sum(mx.cumprod((drafts == choice).astype(mx.int32), axis=-1), axis=-1)
+
+
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
     """Greedy acceptance: the longest prefix of drafts that equal the target's argmax.
     -> (accepted count a, target argmax [size]); the bonus token is argmax[a]."""
@@ -351,42 +355,30 @@ def commit_from_row(row: list[int]) -> tuple[int, list[int], bool]:
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
 
-def prefetch_applies(draft: DFlashDraft, min_confidence: float | None) -> bool:
-    """Whether cycles can queue the next draft forward before their sync
-    (`DraftProposer.prefetch`): whole blocks only (the cut reads the draft's output before the
-    verify anyway) and a draft whose window counts no unsettled positions."""
-    return min_confidence is None and draft.can_prefetch
-
-
 @dataclass
 class DraftProposer:
-    """The DFlash draft as the cycle's proposer: its context cache, output head and verify cut.
+    """The DFlash draft as the cycle's proposer, doing what its `plan` says: its context cache,
+    output head, verify cut, and the suffix lookup and context copy seeded with `context`
+    (the prompt's tokens).
 
     `propose(staged, size, position)` returns the verify input [1, <= size] (staged token
-    first); tests and the synthetic benchmark subclass it to propose other tokens while the
-    draft's context still follows every commit. With a `lookup` (seeded with the context's
-    tokens), a cycle whose latest tokens repeat earlier ones proposes what followed them
-    instead, without a draft forward; where they repeat fewer (a short match), the draft
-    runs and chooses between its proposal and the repeat (`choose_proposal`). `took_repeat`
-    says whether the last proposal was the lookup's: a bool, or where the device chose, a
-    bool scalar that the cycle's one read (`read_commit`) brings back."""
+    first); tests and the benchmarks subclass it to propose other tokens while the draft's
+    context still follows every commit. A cycle whose latest tokens repeat earlier ones
+    proposes what followed them, without a draft forward; where they repeat fewer (a short
+    match), the draft runs and chooses between its proposal and the repeat
+    (`choose_proposal`). `took_repeat` says whether the last proposal was the lookup's: a
+    bool, or where the device chose, a bool scalar that the cycle's one read (`read_commit`)
+    brings back."""
 
     target: TargetAdapter
     draft: DFlashDraft
     head: DraftHead | None = None  # None: the target's full lm_head
-    min_confidence: float | None = None  # the verify cut (see `propose`); None: whole blocks
+    plan: Plan = Plan()  # the default: whole blocks, no lookup (the published recipe)
     cache: list[Any] = field(default_factory=list)  # the draft's context; empty: made here
-    lookup: SuffixLookup | None = None
-    took_repeat: bool | mx.array = False
-    # With the cut on: the length to verify for each cut length (see `padded`); () exactly it
-    verify_lengths: Sequence[int] = ()
-    # Queue the next cycle's draft forward before this cycle's sync (`prefetch`), where
-    # `prefetch_applies`; greedy cycles only.
-    prefetching: bool = False
-    # Greedy one-row draft proposals finished from the context (`copied_proposal`), seeded
-    # with the prompt's tokens, at these odds; None: the draft's top tokens alone.
-    copy: ContextCopy | None = None
-    copy_odds: float = 0.1
+    context: Sequence[int] = ()  # the prompt's tokens
+    lookup: SuffixLookup | None = field(default=None, init=False)
+    copy: ContextCopy | None = field(default=None, init=False)
+    took_repeat: bool | mx.array = field(default=False, init=False)
     # A DFlash2 draft's candidate selector (engine/dflash2.py): every draft proposal is its
     # path (`path_proposal`); None: the draft's top tokens
     selector: CandidateSelector | None = field(default=None, init=False, repr=False)
@@ -399,7 +391,11 @@ class DraftProposer:
             self.cache = self.draft.make_cache()
         if isinstance(self.draft, DFlash2Draft):
             self.selector = self.draft.candidate_selector
-        self.prefetching = self.prefetching and prefetch_applies(self.draft, self.min_confidence)
+        if self.plan.lookup_min_match is not None:
+            self.lookup = SuffixLookup(self.plan.lookup_min_match)
+        if self.plan.copy_odds is not None:
+            self.copy = ContextCopy()
+        self.observe(self.context)
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Committed tokens, in order (the lookup's and the copy's context grow with them)."""
@@ -408,56 +404,28 @@ class DraftProposer:
         if self.copy is not None:
             self.copy.extend(tokens)
 
-    def _looked_up(self, size: int) -> tuple[int, list[int]]:
-        """The lookup's proposal (size - 1 tokens) and its match's length ((0, []) when there
-        is none)."""
-        found = (0, [])
-        if self.lookup is not None and size > 1:
-            found = self.lookup.propose(size - 1)
-        self.took_repeat = bool(found[1])
-        return found
-
     @property
     def tap_ids(self) -> Sequence[int]:
         """The target layers whose outputs feed the draft's context."""
         return self.draft.args.target_layer_ids
 
+    @property
+    def output_head(self) -> DraftHead:
+        """The head the draft proposes through (the target's full lm_head when unset)."""
+        return self.head or DraftHead(self.target)
+
+    @property
+    def lookup_min_match(self) -> int:
+        """The match length from which the lookup proposes without a draft forward."""
+        return self.lookup.min_match if self.lookup is not None else 0
+
     def append_context(self, taps: mx.array) -> None:
         """Add committed tokens' tapped target features to the draft's context."""
         self.draft.append_context(taps, self.cache)
 
-    def prefetch(self, taps: mx.array, accepted: mx.array, following: mx.array,
-                 block_size: int) -> None:
-        """Before a cycle's sync: add all of its verified positions' features to the context,
-        and queue the next cycle's draft forward on them, staged on the target's token after
-        the kept drafts (`following`, still on the device) and seeing only the kept positions
-        (`accepted` + 1). The device runs it while the host reads the commit and builds the
-        next verify; `settle` then trims the rejected positions. Its proposals are those of
-        the draft run after the sync, up to rounding: lossless either way."""
-        self.append_context(taps)
-        self._unsettled = taps.shape[1]
-        block = self.staged_block(following, block_size)
-        self._prefetched = self.block_logits(
-            block, lambda embedded: self.draft(embedded, self.cache, self._unsettled,
-                                               accepted + 1))
-        mx.async_eval(self._prefetched)
-
-    def staged_block(self, staged: mx.array, size: int) -> mx.array:
-        """The draft's input block [1, size] for a staged token still on the device: the
-        token, then mask tokens."""
-        return mx.concatenate([staged.reshape(1, 1).astype(mx.int32),
-                               mx.full((1, size - 1), self.draft.args.mask_token_id, mx.int32)],
-                              axis=1)
-
-    def settle(self, keep: int) -> None:
-        """After the sync: keep only the first `keep` of the prefetch's verified positions."""
-        drop, self._unsettled = self._unsettled - keep, 0
-        if drop > 0:
-            for c in self.cache:
-                c.trim(drop)
-
     def propose(self, staged: int, size: int, position: int) -> mx.array:
-        """The verify input [1, <= size]."""
+        """The verify input [1, <= size]: a long match's repeat, or the draft's proposal
+        (copied from the context, or chosen against a short match's repeat, where on)."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
             self._prefetched = None  # the next cycle's forward runs on its own context
@@ -466,25 +434,29 @@ class DraftProposer:
         if self.selector is not None:  # a DFlash2 draft: its selector's path, nothing else
             self.took_repeat = False
             return self.path_proposal(staged, size)[0]
+        plan = self.plan
         if self.copy is not None and size > 1:
             verify_in, self.took_repeat = copied_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, self.copy,
-                self.copy_odds, self.min_confidence, self.verify_lengths, found)
+                plan.copy_odds or 0.0, plan.min_confidence, plan.verify_lengths, found)
             return verify_in
         if found:
             verify_in, self.took_repeat = choose_proposal(
                 staged, self.draft_logits(staged, size), self.output_head, found,
-                self.min_confidence, self.verify_lengths)
+                plan.min_confidence, plan.verify_lengths)
             return verify_in
         return self.draft_proposal(staged, size)
 
-    @property
-    def lookup_min_match(self) -> int:
-        """The match length from which the lookup proposes without a draft forward."""
-        return self.lookup.min_match if self.lookup is not None else 0
+    def draft_proposal(self, staged: int, size: int) -> mx.array:
+        """The draft forward's proposal (`propose`), or the prefetched forward's."""
+        if size == 1:
+            self._prefetched = None
+            return mx.array([[staged]], dtype=mx.int32)
+        return drafted_proposal(staged, self.draft_logits(staged, size), self.output_head,
+                                self.plan.min_confidence, self.plan.verify_lengths)
 
-    def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler,
-) -> tuple[mx.array, mx.array]:
+    def propose_sampled(self, staged: int, size: int, position: int, sampler: Sampler
+                        ) -> tuple[mx.array, mx.array]:
         """-> (verify input, the proposal's distribution q at each drafted position [n, V]).
         A looked-up proposal is certain (q one-hot), which speculative sampling keeps exact:
         a token is kept with the target's probability of it, else redrawn without it."""
@@ -498,23 +470,10 @@ class DraftProposer:
         if found:
             verify_in, q, self.took_repeat = draw_or_repeat(
                 staged, self.draft_logits(staged, size), self.output_head,
-                self.target.vocab_size, sampler, found, self.min_confidence,
-                self.verify_lengths)
+                self.target.vocab_size, sampler, found, self.plan.min_confidence,
+                self.plan.verify_lengths)
             return verify_in, q
         return self.draft_proposal_sampled(staged, size, sampler)
-
-    def draft_proposal(self, staged: int, size: int) -> mx.array:
-        """The draft forward's proposal (`propose`), or the prefetched forward's."""
-        if size == 1:
-            self._prefetched = None
-            return mx.array([[staged]], dtype=mx.int32)
-        return drafted_proposal(staged, self.draft_logits(staged, size), self.output_head,
-                                self.min_confidence, self.verify_lengths)
-
-    def _take_prefetched(self, size: int) -> mx.array | None:
-        """The prefetched draft logits for a block of `size` (None when there are none)."""
-        logits, self._prefetched = self._prefetched, None
-        return None if logits is None or size < 2 else logits[:, :size - 1]
 
     def draft_proposal_sampled(self, staged: int, size: int, sampler: Sampler
                                ) -> tuple[mx.array, mx.array]:
@@ -522,10 +481,9 @@ class DraftProposer:
         if size == 1:
             self._prefetched = None
             return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
-        return draw_proposal(staged, self.draft_logits(staged, size),
-                             self.output_head.ids,
-                             self.target.vocab_size, sampler, self.min_confidence,
-                             self.verify_lengths)
+        return draw_proposal(staged, self.draft_logits(staged, size), self.output_head.ids,
+                             self.target.vocab_size, sampler, self.plan.min_confidence,
+                             self.plan.verify_lengths)
 
     def path_proposal(self, staged: int, size: int, sampler: Sampler | None = None
                       ) -> tuple[mx.array, mx.array | None]:
@@ -536,8 +494,8 @@ class DraftProposer:
             return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
         hidden, logits = self.path_outputs(staged, size)
         return selected_proposal(staged, self.selector, hidden, logits, self.output_head,
-                                 self.target.vocab_size, sampler, self.min_confidence,
-                                 self.verify_lengths)
+                                 self.target.vocab_size, sampler, self.plan.min_confidence,
+                                 self.plan.verify_lengths)
 
     def path_outputs(self, staged: int, size: int) -> tuple[mx.array, mx.array]:
         """A DFlash2 draft forward on [staged, mask x (size - 1)] -> the normed hidden states
@@ -546,32 +504,56 @@ class DraftProposer:
         block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
         return draft.block_outputs(self.target.embed(block), self.cache, self.output_head)
 
-    @property
-    def output_head(self) -> DraftHead:
-        """The head the draft proposes through (the target's full lm_head when unset)."""
-        return self.head or DraftHead(self.target)
+    def _looked_up(self, size: int) -> tuple[int, list[int]]:
+        """The lookup's proposal (size - 1 tokens) and its match's length ((0, []) when there
+        is none)."""
+        found = (0, [])
+        if self.lookup is not None and size > 1:
+            found = self.lookup.propose(size - 1)
+        self.took_repeat = bool(found[1])
+        return found
 
     def draft_logits(self, staged: int, size: int) -> mx.array:
         """One draft forward on [staged, mask x (size-1)] -> logits over its head
         [1, size - 1, K] (size > 1); the prefetched forward's where there is one."""
-        logits = self._take_prefetched(size)
+        logits, self._prefetched = self._prefetched, None
         if logits is not None:
-            return logits
-        return self.block_logits(*self.draft_block(staged, size))
+            return logits[:, :size - 1]
+        return self.block_logits(mx.array([[staged] + [self.draft.args.mask_token_id]
+                                           * (size - 1)]))
 
-    def draft_block(self, staged: int, size: int
-                    ) -> tuple[mx.array, Callable[[mx.array], mx.array]]:
-        """A draft forward's block [1, size] ([staged, mask x (size-1)]) and how its
-        embeddings run through the draft (-> its hidden states [1, size, H])."""
-        block = mx.array([[staged] + [self.draft.args.mask_token_id] * (size - 1)])
-        return block, lambda embedded: self.draft(embedded, self.cache)
+    def block_logits(self, block: mx.array, unsettled: int = 0,
+                     kept: mx.array | None = None) -> mx.array:
+        """The draft's logits [1, size - 1, K] over its head for a block [1, size]
+        (`DFlashDraft.__call__`'s `unsettled` and `kept`)."""
+        hidden = self.draft(self.target.embed(block), self.cache, unsettled, kept)
+        return draft_head_logits(self.output_head, hidden)
 
-    def block_logits(self, block: mx.array, run: Callable[[mx.array], mx.array]) -> mx.array:
-        """The draft's logits [1, size - 1, K] over its head for a block [1, size] that `run`
-        (block embeddings -> hidden states) takes through the draft."""
-        return draft_head_logits(self.output_head, run(self.target.embed(block)))
+    def prefetch(self, taps: mx.array, accepted: mx.array, following: mx.array,
+                 block_size: int) -> None:
+        """Before a cycle's sync: add all of its verified positions' features to the context,
+        and queue the next cycle's draft forward on them, staged on the target's token after
+        the kept drafts (`following`, still on the device) and seeing only the kept positions
+        (`accepted` + 1). The device runs it while the host reads the commit and builds the
+        next verify; `settle` then trims the rejected positions. Its proposals are those of
+        the draft run after the sync, up to rounding: lossless either way."""
+        self.append_context(taps)
+        self._unsettled = taps.shape[1]
+        block = mx.concatenate([following.reshape(1, 1).astype(mx.int32),
+                                mx.full((1, block_size - 1), self.draft.args.mask_token_id,
+                                        mx.int32)], axis=1)
+        self._prefetched = self.block_logits(block, self._unsettled, accepted + 1)
+        mx.async_eval(self._prefetched)
+
+    def settle(self, keep: int) -> None:
+        """After the sync: keep only the first `keep` of the prefetch's verified positions."""
+        drop, self._unsettled = self._unsettled - keep, 0
+        if drop > 0:
+            for c in self.cache:
+                c.trim(drop)
 
 
+# -- the loop -----------------------------------------------------------------------------
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, sync_phases: bool = False,
@@ -595,8 +577,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     emitted, index = 1, 0
     while emitted < max_tokens:
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
-        room = max_tokens - emitted
-        size = min(block_size, room)
+        size = min(block_size, max_tokens - emitted)
         clock = PhaseClock(sync_phases)
         if sampler is None:
             verify_in = proposer.propose(staged, size, position)
@@ -616,7 +597,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         values = commit_values(verify_in, accepted, following, proposer.took_repeat)
         verify_s = clock.lap(values)
-        prefetching = proposer.prefetching and sampler is None and target.lockstep is None
+        prefetching = proposer.plan.prefetch and sampler is None
         if prefetching:  # queued after the values: the sync below does not wait for it
             proposer.prefetch(taps, accepted, following, block_size)
 

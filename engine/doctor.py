@@ -209,7 +209,7 @@ def self_check(say: Say, max_tokens: int = SELF_CHECK_TOKENS, model: str | None 
             "speedup": round(spec_tps / plain_tps, 3),
             "tokens_per_second": round(spec_tps, 2), "plain_tokens_per_second": round(plain_tps, 2),
             "max_tokens": max_tokens, "prompts": prompts,
-            "verify_lengths": list(rt.verify_lengths) or None}
+            "verify_lengths": list(rt.plan.verify_lengths) or None}
 
 
 def diagnose(run_self_check: bool = True, say: Say = lambda message: None) -> dict[str, Any]:

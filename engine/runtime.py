@@ -11,22 +11,14 @@ import mlx.nn as nn
 
 from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
-from .cycle import (
-    Commit,
-    DraftProposer,
-    plain_decode,
-    prefetch_applies,
-    prefill,
-    speculative_decode,
-)
-from .dflash2 import DFlash2Draft
+from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
 from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
-from .lookup import ContextCopy, SuffixLookup
+from .plan import Plan, make_plan
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
@@ -56,44 +48,21 @@ class DFlashRuntime:
         self.draft = draft
         self.target = target or adapter_for(model)
         self.lockstep = self.target.lockstep = lockstep  # sharded: rank 0 leads (distributed.py)
-        backend = device.current()  # each knob's "auto" resolves for it
-        self.min_confidence = self.config.min_confidence(backend)
-        if lockstep is not None:
-            # The verify cut's length comes from each rank's own draft probabilities: every
-            # rank must verify the same number of tokens, so sharded targets verify whole
-            # blocks.
-            self.min_confidence = None
-        # Greedy whole-block cycles queue their next draft forward before their sync
-        self.prefetch_draft = (self.config.prefetch_for(backend) and lockstep is None
-                               and draft is not None
-                               and prefetch_applies(draft, self.min_confidence))
-        # Greedy draft proposals finished from the context: not sharded (each rank would read
-        # its own draft's rounding, as with the cut)
-        self.copy_odds = (self.config.copy_odds_for(backend, self.min_confidence)
-                          if lockstep is None else None)
-        if isinstance(draft, DFlash2Draft):  # it proposes its selector's path alone (cycle.py)
-            self.copy_odds = None
-        # Sharded targets keep every rank's forward in lockstep: no early queueing there
-        self.target.launch_every = ((self.config.stream_every_for(backend) or 0)
-                                    if lockstep is None else 0)
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
-        # The draft's top-K tokens (None: the full head); each request adds its prompt's.
-        top_k = self.config.draft_vocab_for(backend, bool(token_ranking))
-        if top_k is not None and self.target.head_rows(mx.array([0])) is None:
-            top_k = None  # a head that is more than a projection: rows would not match it
-        self.draft_vocab = min(top_k, len(token_ranking)) if top_k and token_ranking else None
-        trained = draft.args.block_size if draft is not None else 16
-        self.block_size = self.config.draft_block_size or trained
+
+        def measure(size: int) -> tuple[int, ...]:  # the verify lengths, once per machine
+            assert draft is not None
+            return load_or_measure(model, self.target, str(target_model_dtype(model)),
+                                   draft.args.target_layer_ids, size, progress)["lengths"]
+
         cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
+        # Every "auto" resolved once, for this device and pair: what each cycle does
+        self.plan: Plan = make_plan(self.config, device.current(), draft, self.target,
+                                    token_ranking, lockstep is not None, measure)
+        self.target.launch_every = self.plan.stream_every
         taps = draft.args.target_layer_ids if draft is not None else ()
-        self.target.warm_up(self.block_size, taps)  # kernels compile here, not mid-reply
-        # With the cut on: the length to verify for each cut's (measured once per machine)
-        self.verify_lengths: tuple[int, ...] = ()
-        if draft is not None and self.min_confidence is not None and self.config.padded_verify:
-            self.verify_lengths = load_or_measure(
-                model, self.target, str(target_model_dtype(model)),
-                draft.args.target_layer_ids, self.block_size, progress)["lengths"]
+        self.target.warm_up(self.plan.block_size, taps)  # kernels compile here, not mid-reply
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)
@@ -175,15 +144,15 @@ class DFlashRuntime:
             "backend": device.current(),
             "dtype": str(target_model_dtype(self.model)).removeprefix("mlx.core."),
             "quantization": quantization(self.model),  # None: plain float weights
-            "block_size": self.block_size,
-            "draft_vocab": self.draft_vocab,  # top-K tokens (+ the prompt's); None: all
-            "lookup_min_match": self.config.lookup_min_match,  # None: the draft every cycle
-            "min_confidence": self.min_confidence,  # the verify cut; None: whole blocks
-            "prefetch_draft": self.prefetch_draft,  # greedy cycles queue the next draft early
-            "stream_verify": self.target.launch_every or None,  # forwards queued every N layers
-            "copy_odds": self.copy_odds,  # greedy one-row proposals finished from the context
+            "block_size": self.plan.block_size,
+            "draft_vocab": self.plan.draft_vocab,  # top-K tokens (+ the prompt's); None: all
+            "lookup_min_match": self.plan.lookup_min_match,  # None: the draft every cycle
+            "min_confidence": self.plan.min_confidence,  # the verify cut; None: whole blocks
+            "prefetch_draft": self.plan.prefetch,  # greedy cycles queue the next draft early
+            "stream_verify": self.plan.stream_every or None,  # forwards queued every N layers
+            "copy_odds": self.plan.copy_odds,  # greedy proposals finished from the context
             # the length verified for each cut's (index: the cut's); None: the cut's own
-            "verify_lengths": list(self.verify_lengths) or None,
+            "verify_lengths": list(self.plan.verify_lengths) or None,
             "max_ctx": self.config.max_ctx,
             "family": self.target.family,
         }
@@ -205,7 +174,7 @@ class DFlashRuntime:
             raise PromptError(f"max_tokens={max_tokens}: ask for at least 1 token.")
         params = SamplingParams(temperature, top_p, top_k, min_p, seed)
         sampler = None if params.greedy else Sampler(params)
-        block_size = block_size or self.block_size
+        block_size = block_size or self.plan.block_size
         if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
             raise ConfigError(
                 f"block_size={block_size} is out of range: use {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}"
@@ -244,27 +213,17 @@ class DFlashRuntime:
 
     def make_proposer(self, head: DraftHead, draft_cache: list[Any], context: list[int]
                       ) -> DraftProposer:
-        """The cycle's proposer: the draft with its output head, verify cut and context cache,
-        and the suffix lookup over `context` (the prompt's tokens). The oracle cost benchmark
-        (`dflash benchmark --oracle-tokens-per-cycle`) puts its own proposer here."""
-        lookup = None
-        if self.config.lookup_min_match is not None:
-            lookup = SuffixLookup(self.config.lookup_min_match)
-            lookup.extend(context)
-        copy = None
-        if self.copy_odds is not None:
-            copy = ContextCopy()
-            copy.extend(context)
-        return DraftProposer(self.target, self.draft, head, self.min_confidence, draft_cache,
-                             lookup, verify_lengths=self.verify_lengths,
-                             prefetching=self.prefetch_draft, copy=copy,
-                             copy_odds=self.copy_odds or 0.0)
+        """The cycle's proposer: the draft with its output head and context cache, doing what
+        the plan says, its lookup and copy seeded with `context` (the prompt's tokens). The
+        oracle cost benchmark (`dflash benchmark --oracle-tokens-per-cycle`) puts its own
+        proposer here."""
+        return DraftProposer(self.target, self.draft, head, self.plan, draft_cache, context)
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],
                      stop_ids: Collection[int] = ()) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
-        head = build_draft_head(self.target, self.token_ranking, self.draft_vocab, ids)
+        head = build_draft_head(self.target, self.token_ranking, self.plan.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
         proposer = self.make_proposer(head, state.draft_cache, ids)
         todo = ids[state.cached:]

@@ -362,6 +362,8 @@ def host_laps(walls: list[float], laps: list[Any]) -> dict:
 
 
 def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
+    from dataclasses import replace
+
     from engine.bench.timing import first_mismatch, run_baseline
     from engine.events import Finished
 
@@ -375,8 +377,9 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
                      "baseline_decode_tok_s": base.decode_tokens_per_second,
                      # a sanity check of the precision: readable text, not an overflow's
                      "baseline_text": rt.tokenizer.decode(base.tokens[:40])}
+        whole = rt.plan  # the prefetch, where on, needs whole blocks
         for label, cut in (("wholeblock", None), ("cut0.4", 0.4)):
-            rt.min_confidence = cut
+            rt.plan = replace(whole, min_confidence=cut, prefetch=whole.prefetch and cut is None)
             walls, laps, last, result = [], [], None, None
             for event in rt.stream_generate(ids, max_tokens=max_tokens, no_eos=True):
                 now = time.perf_counter()
@@ -395,7 +398,7 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
                           "host_laps_median_ms": host_laps(walls, laps)}
             row[label]["speedup_decode"] = (row[label]["decode_tok_s"]
                                             / max(base.decode_tokens_per_second, 1e-9))
-        rt.min_confidence = None
+        rt.plan = whole
         prof = rt.generate(ids, max_tokens=max_tokens, no_eos=True, profile=True)
         cycles = max(len(prof.cycle_tokens), 1)
         row["profiled_wholeblock_ms_per_cycle"] = {k: v * 1e3 / cycles
@@ -481,7 +484,7 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     from engine.targets.base import cache_arrays
 
     target, draft, model = rt.target, rt.draft, rt.model
-    size, taps_ids = rt.block_size, draft.args.target_layer_ids
+    size, taps_ids = rt.plan.block_size, draft.args.target_layer_ids
     cache, dcache = target.make_cache(), draft.make_cache()
     target.forward(mx.array([[5] * ctx]), cache, [])
     draft.append_context(mx.zeros((1, ctx, target.hidden_size * len(taps_ids)),

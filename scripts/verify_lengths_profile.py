@@ -35,7 +35,7 @@ def profile(rounds: int, context: int, size: int) -> dict:
             "fastest_ms": [round(t * 1e3, 2) for t in fastest],
             "median_ms": [round(statistics.median(s) * 1e3, 2) for s in samples],
             "lengths": list(padded_lengths(fastest)),
-            "engine_lengths": list(rt.verify_lengths) or None,
+            "engine_lengths": list(rt.plan.verify_lengths) or None,
             "machine": machine_info(), "blas": blas_info(), "versions": versions()}
 
 

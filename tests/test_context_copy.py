@@ -4,6 +4,8 @@ where the draft gives it enough of that token's probability; the target verifies
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import pytest
 from test_cycle_sync import load, reads_per_cycle
@@ -15,6 +17,7 @@ from engine.cycle import DraftProposer, copied_proposal, speculative_decode
 from engine.draft_head import DraftHead
 from engine.errors import ConfigError
 from engine.lookup import ContextCopy
+from engine.plan import Plan, make_plan
 
 
 def copy_of(tokens: list[int]) -> ContextCopy:
@@ -101,8 +104,7 @@ def test_copying_stays_plain_greedy(tiny_pairs, family):
 def test_copying_reads_the_device_as_the_verify_cut_does(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     ids = rt.encode("Hello world")
-    copy = copy_of(ids)
-    proposer = DraftProposer(rt.target, rt.draft, copy=copy, copy_odds=0.1, lookup=None)
+    proposer = DraftProposer(rt.target, rt.draft, plan=Plan(copy_odds=0.1), context=ids)
     per_cycle, tokens = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 40, 16,
                                                            512))
     assert tokens == plain_greedy(rt.model, ids, 40)
@@ -131,12 +133,13 @@ def test_auto_copies_where_the_cut_already_reads_the_draft():
     on (its default); whole blocks and GPUs keep one read per cycle."""
     auto = DFlashConfig()
     assert auto.copy_odds == "auto"
-    assert auto.copy_odds_for("cpu", auto.min_confidence("cpu")) == CPU_COPY_ODDS
-    assert auto.copy_odds_for("cpu", None) is None
-    assert auto.copy_odds_for("cuda", auto.min_confidence("cuda")) is None
-    assert auto.copy_odds_for("cuda", 0.4) is None
-    assert DFlashConfig(copy_odds=0.3).copy_odds_for("cuda", None) == 0.3
-    assert DFlashConfig(copy_odds=None).copy_odds_for("cpu", 0.4) is None
+    assert make_plan(auto, "cpu").copy_odds == CPU_COPY_ODDS
+    assert make_plan(replace(auto, min_draft_confidence=None), "cpu").copy_odds is None
+    assert make_plan(auto, "cuda").copy_odds is None
+    assert make_plan(replace(auto, min_draft_confidence=0.4), "cuda").copy_odds is None
+    assert make_plan(DFlashConfig(copy_odds=0.3, min_draft_confidence=None),
+                     "cuda").copy_odds == 0.3
+    assert make_plan(DFlashConfig(copy_odds=None), "cpu").copy_odds is None
 
 
 def test_the_cpu_default_copies_and_stays_plain_greedy(tiny_pairs):

@@ -13,6 +13,7 @@ from tiny_pairs import plain_greedy
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, speculative_decode
 from engine.events import Span
+from engine.plan import Plan, make_plan
 
 # Every host read of an array: an explicit eval, or a conversion that evaluates first.
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "__array__")
@@ -97,13 +98,15 @@ def test_a_short_match_choice_stays_on_the_device(tiny_pairs, odds, monkeypatch)
     ids = rt.encode("one two one two one two")
     lookup = SuffixLookup(min_match=99)
     lookup.extend(ids)
-    proposer = DraftProposer(rt.target, rt.draft, lookup=lookup)
+    proposer = DraftProposer(rt.target, rt.draft)
+    proposer.lookup = lookup
     commits = list(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
     looked_up = [c.cycle.looked_up for c in commits if c.cycle is not None]
     assert any(looked_up) == (odds == 0.0)
     lookup = SuffixLookup(min_match=99)
     lookup.extend(ids)
-    proposer = DraftProposer(rt.target, rt.draft, lookup=lookup)
+    proposer = DraftProposer(rt.target, rt.draft)
+    proposer.lookup = lookup
     per_cycle, _ = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
     assert len(per_cycle) > 3 and set(per_cycle) == {1}
 
@@ -111,7 +114,7 @@ def test_a_short_match_choice_stays_on_the_device(tiny_pairs, odds, monkeypatch)
 def test_the_verify_cut_adds_one_read_between_draft_and_verify(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     ids = rt.encode("Hello world")
-    proposer = DraftProposer(rt.target, rt.draft, min_confidence=0.5)
+    proposer = DraftProposer(rt.target, rt.draft, plan=Plan(min_confidence=0.5))
     per_cycle, _ = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 40, 16, 512))
     # The last cycle may have room for one token only: nothing to draft, nothing to cut.
     assert len(per_cycle) > 3 and set(per_cycle[:-1]) == {2} and per_cycle[-1] in (1, 2)
@@ -133,10 +136,10 @@ def test_the_runtime_stream_reads_once_per_cycle(tiny_pairs):
 
 
 def test_auto_cut_is_cpu_only():
-    assert DFlashConfig().min_confidence("cpu") == 0.4
-    assert DFlashConfig().min_confidence("cuda") is None
-    assert DFlashConfig().min_confidence("metal") is None
-    assert DFlashConfig(min_draft_confidence=0.7).min_confidence("cuda") == 0.7
+    assert make_plan(DFlashConfig(), "cpu").min_confidence == 0.4
+    assert make_plan(DFlashConfig(), "cuda").min_confidence is None
+    assert make_plan(DFlashConfig(), "metal").min_confidence is None
+    assert make_plan(DFlashConfig(min_draft_confidence=0.7), "cuda").min_confidence == 0.7
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

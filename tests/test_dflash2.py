@@ -100,10 +100,10 @@ def test_a_folder_loads_unchanged(tiny_dflash2):
     loaded = stored_weights(dict(tree_flatten(draft.parameters())))
     assert set(loaded) == set(stored)
     assert all(mx.array_equal(loaded[k], stored[k]) for k in stored)
-    # it proposes its selector's path alone: no prefetch, pipeline or context copy
+    # it proposes its selector's path alone: no prefetch or context copy
     rt = runtime((target, folder), copy_odds=0.1)
-    assert isinstance(rt.draft, DFlash2Draft) and not rt.prefetch_draft and not rt.pipeline
-    assert rt.copy_odds is None
+    assert isinstance(rt.draft, DFlash2Draft) and not rt.plan.prefetch
+    assert rt.plan.copy_odds is None
 
 
 def edited(folder, tmp_path, name, config=None, weights=None):

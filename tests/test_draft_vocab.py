@@ -16,6 +16,7 @@ from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, propose, speculative_decode
 from engine.draft_head import DraftHead, build_draft_head
 from engine.loading import load_target
+from engine.plan import Plan, make_plan
 from engine.targets import adapter_for
 
 FAMILIES = ["llama", "qwen3", "qwen3_5"]  # tied head, untied head, hybrid with untied head
@@ -97,7 +98,7 @@ def test_subset_head_is_lossless_and_proposes_only_subset_tokens(tiny_pairs, fam
     outside = [t for t in want if t not in keep]
     assert len(outside) > len(want) // 3  # the target often writes tokens the draft cannot
     for cut in (None, 0.3):
-        proposer = DraftProposer(target, draft, head, min_confidence=cut)
+        proposer = DraftProposer(target, draft, head, Plan(min_confidence=cut))
         commits = list(speculative_decode(target, proposer, ids, 80, 16, 512))
         assert [t for c in commits for t in c.tokens] == want, cut
 
@@ -149,13 +150,14 @@ def test_draft_vocab_config_validates_and_auto_is_cpu_only():
 
     auto = DFlashConfig()
     assert auto.draft_vocab == "auto"
-    assert auto.draft_vocab_for("cpu", has_ranking=True) == CPU_DRAFT_VOCAB == 8192
-    assert auto.draft_vocab_for("cpu", has_ranking=False) is None  # published drafts
-    assert auto.draft_vocab_for("cuda", True) is None
-    assert auto.draft_vocab_for("metal", True) is None
-    assert DFlashConfig(draft_vocab=4096).draft_vocab_for("cuda", True) == 4096
-    assert DFlashConfig(draft_vocab=4096).draft_vocab_for("cpu", False) is None
-    assert DFlashConfig(draft_vocab=None).draft_vocab_for("cpu", True) is None
+    ranked = list(range(1 << 14))  # a draft's token ranking
+    assert make_plan(auto, "cpu", ranking=ranked).draft_vocab == CPU_DRAFT_VOCAB == 8192
+    assert make_plan(auto, "cpu").draft_vocab is None  # published drafts: no ranking
+    assert make_plan(auto, "cuda", ranking=ranked).draft_vocab is None
+    assert make_plan(auto, "metal", ranking=ranked).draft_vocab is None
+    assert make_plan(DFlashConfig(draft_vocab=4096), "cuda", ranking=ranked).draft_vocab == 4096
+    assert make_plan(DFlashConfig(draft_vocab=4096), "cpu").draft_vocab is None
+    assert make_plan(DFlashConfig(draft_vocab=None), "cpu", ranking=ranked).draft_vocab is None
     assert DFlashConfig(draft_vocab=256).draft_vocab == 256
     for bad in (255, 0, -8, "sometimes", "8192", 8192.0, True):
         with pytest.raises(ConfigError, match=r"draft_vocab=.*at least 256, 'auto' or None"):
@@ -196,7 +198,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
                                            config=DFlashConfig(draft_vocab=setting,
                                                                min_draft_confidence=None))
         assert rt.token_ranking == ranking
-        assert rt.draft_vocab == rt.describe()["draft_vocab"] == effective
+        assert rt.plan.draft_vocab == rt.describe()["draft_vocab"] == effective
         ids = rt.encode("def add(a, b):")
         result = rt.generate(ids, max_tokens=40, no_eos=True)
         assert result.speculative and result.tokens == plain_greedy(rt.target.model, ids, 40)
@@ -205,7 +207,7 @@ def test_runtime_builds_the_head_per_request_and_stays_lossless(tiny_pairs, rank
     # a draft without a ranking (the fixture's own): the full head, whatever the setting
     plain = DFlashRuntime.from_pretrained(model=str(target), draft=str(tiny_pairs("llama")[1]),
                                           config=DFlashConfig(draft_vocab=300))
-    assert plain.draft_vocab is None and plain.describe()["draft_vocab"] is None
+    assert plain.plan.draft_vocab is None and plain.describe()["draft_vocab"] is None
 
 
 def test_cli_reports_the_draft_vocab(ranked, tmp_path, capsys):

@@ -10,6 +10,7 @@ from tiny_pairs import REPEATING, TruthOracle, cache_states, plain_greedy
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.events import Finished, Span
+from engine.plan import Plan, make_plan
 from engine.targets import adapter_for
 
 FAMILIES = ["llama", "qwen3", "qwen3_5"]
@@ -234,7 +235,7 @@ def test_confidence_cut_shortens_verifies_and_stays_lossless(tiny_pairs, family)
     want = plain_greedy(rt.model, ids, 60)
     sizes = {}
     for cut in (1e-12, 0.5, 1.0):
-        proposer = DraftProposer(rt.target, rt.draft, min_confidence=cut)
+        proposer = DraftProposer(rt.target, rt.draft, plan=Plan(min_confidence=cut))
         commits = list(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
         assert [t for c in commits for t in c.tokens] == want, cut
         sizes[cut] = [c.cycle.block_size for c in commits if c.cycle]
@@ -252,9 +253,9 @@ def test_min_confidence_auto_resolves_to_the_default_and_the_flag_parses():
 
     from engine.config import DEFAULT_MIN_CONFIDENCE, confidence_arg
 
-    assert DFlashConfig().min_confidence() == DEFAULT_MIN_CONFIDENCE == 0.4
-    assert DFlashConfig(min_draft_confidence=None).min_confidence() is None
-    assert DFlashConfig(min_draft_confidence=0.7).min_confidence() == 0.7
+    assert make_plan(DFlashConfig(), "cpu").min_confidence == DEFAULT_MIN_CONFIDENCE == 0.4
+    assert make_plan(DFlashConfig(min_draft_confidence=None), "cpu").min_confidence is None
+    assert make_plan(DFlashConfig(min_draft_confidence=0.7), "cpu").min_confidence == 0.7
     assert [confidence_arg(t) for t in ("auto", "off", "0.25")] == ["auto", None, 0.25]
     for bad in ("0", "1.5", "often"):
         with pytest.raises(argparse.ArgumentTypeError, match="probability"):

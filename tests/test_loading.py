@@ -42,7 +42,7 @@ def test_both_published_config_variants_load(pair):
     edit_config(draft, lambda c: (c.pop("block_size"), c["dflash_config"].update(block_size=12)))
     assert load_draft_folder(draft).args.block_size == 12
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
-    assert rt.block_size == 12
+    assert rt.plan.block_size == 12
 
 
 def test_default_tap_ids_follow_the_documented_rule():

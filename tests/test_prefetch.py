@@ -5,6 +5,7 @@ positions, masked, and trims them after the sync."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -14,6 +15,7 @@ from tiny_pairs import plain_greedy
 from engine import DFlashConfig
 from engine.cycle import DraftProposer, speculative_decode
 from engine.errors import ConfigError
+from engine.plan import Plan, make_plan
 
 
 def verified(rt, prompt: list[int], block: list[int]):
@@ -62,8 +64,7 @@ def test_prefetching_cycles_read_once_and_stay_greedy(tiny_pairs, family):
     rt = load(tiny_pairs, family)
     ids = rt.encode("Hello world")
     want = plain_greedy(rt.model, ids, 60)
-    proposer = DraftProposer(rt.target, rt.draft, prefetching=True)
-    assert proposer.prefetching
+    proposer = DraftProposer(rt.target, rt.draft, plan=Plan(prefetch=True))
     prefetches = []
     original = proposer.prefetch
     proposer.prefetch = lambda *a: (prefetches.append(a[0].shape[1]), original(*a))[1]
@@ -77,11 +78,13 @@ def test_prefetching_cycles_read_once_and_stay_greedy(tiny_pairs, family):
 
 def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, monkeypatch):
     rt = load(tiny_pairs, "llama")
-    assert not DraftProposer(rt.target, rt.draft, min_confidence=0.4, prefetching=True).prefetching
+    on = DFlashConfig(prefetch_draft=True, min_draft_confidence=None)
+    assert make_plan(on, "cpu", rt.draft).prefetch  # asked for, whole blocks: on
+    assert not make_plan(replace(on, min_draft_confidence=0.4), "cpu", rt.draft).prefetch
     rt.draft.layers[0].self_attn.window = 4  # a sliding-window layer
     try:
         assert not rt.draft.can_prefetch
-        assert not DraftProposer(rt.target, rt.draft, prefetching=True).prefetching
+        assert not make_plan(on, "cpu", rt.draft).prefetch
     finally:
         rt.draft.layers[0].self_attn.window = None
     sampled = load(tiny_pairs, "llama", prefetch_draft=True)
@@ -93,10 +96,11 @@ def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, mo
 
 def test_prefetch_is_an_option_checked_once(tiny_pairs):
     assert DFlashConfig().prefetch_draft == "auto"
-    assert not DFlashConfig().prefetch_for("cpu")  # nothing to overlap with on a CPU
-    assert DFlashConfig().prefetch_for("cuda")  # measured on the H200
-    assert not DFlashConfig().prefetch_for("metal")  # not measured on a Mac yet
-    assert not DFlashConfig(prefetch_draft=False).prefetch_for("cuda")
+    draft = load(tiny_pairs, "llama").draft
+    assert not make_plan(DFlashConfig(), "cpu", draft).prefetch  # nothing to overlap on a CPU
+    assert make_plan(DFlashConfig(), "cuda", draft).prefetch  # measured on the H200
+    assert not make_plan(DFlashConfig(), "metal", draft).prefetch  # not measured on a Mac yet
+    assert not make_plan(DFlashConfig(prefetch_draft=False), "cuda", draft).prefetch
     assert not load(tiny_pairs, "llama").describe()["prefetch_draft"]
     assert not load(tiny_pairs, "llama", prefetch_draft=True,
                     min_draft_confidence=0.4).describe()["prefetch_draft"]  # the cut reads first

@@ -11,6 +11,7 @@ that ignores the selector's edges."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import mlx.core as mx
@@ -22,6 +23,7 @@ from engine.cycle import DraftProposer, draw_proposal, speculative_decode
 from engine.draft_head import DraftHead
 from engine.errors import ConfigError
 from engine.lookup import SuffixLookup
+from engine.plan import Plan
 from engine.sampling import Sampler, SamplingParams
 from engine.targets.base import TargetAdapter
 
@@ -77,8 +79,7 @@ class MarkovDraft(DraftProposer):
         self.table = mx.array(table, dtype=mx.float32)  # [V, B - 1, len(ids)]
         self.ids = mx.array(ids, dtype=mx.int32)
         self.head = DraftHead(None, self.ids)  # the subset's token ids (no weights needed)
-        self.min_confidence = min_confidence
-        self.verify_lengths = verify_lengths
+        self.plan = Plan(min_confidence=min_confidence, verify_lengths=verify_lengths)
         self.cache: list = []
 
     @property
@@ -93,8 +94,8 @@ class MarkovDraft(DraftProposer):
 
     def draft_proposal_sampled(self, staged, size, sampler):
         logits = self.draft_logits(staged, size)
-        return draw_proposal(staged, logits, self.ids, V, sampler, self.min_confidence,
-                             self.verify_lengths)
+        return draw_proposal(staged, logits, self.ids, V, sampler, self.plan.min_confidence,
+                             self.plan.verify_lengths)
 
 
 def tables(seed: int = 0):
@@ -395,8 +396,9 @@ def test_sampling_through_a_draft_token_subset(tiny_pairs):
     from engine.draft_head import build_draft_head
 
     ids = rt.encode("Hello world")
-    rt.token_ranking, rt.draft_vocab = list(range(rt.target.vocab_size)), 256
-    assert build_draft_head(rt.target, rt.token_ranking, rt.draft_vocab, ids).ids is not None
+    rt.token_ranking = list(range(rt.target.vocab_size))
+    rt.plan = dataclasses.replace(rt.plan, draft_vocab=256)
+    assert build_draft_head(rt.target, rt.token_ranking, 256, ids).ids is not None
     result = rt.generate(ids, 30, no_eos=True, temperature=1.0, seed=1)
     assert len(result.tokens) == 30 and result.speculative
 

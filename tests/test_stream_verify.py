@@ -12,6 +12,7 @@ from tiny_pairs import plain_greedy
 from engine import DFlashConfig
 from engine.config import GPU_STREAM_EVERY, add_engine_args, config_from_args
 from engine.errors import ConfigError
+from engine.plan import make_plan
 
 
 def counting_async_eval(monkeypatch) -> list[int]:
@@ -76,11 +77,12 @@ def test_the_gpu_defaults_together_stay_greedy(tiny_pairs, family):
 
 def test_stream_verify_is_an_option_checked_once(tiny_pairs):
     assert DFlashConfig().stream_verify == "auto"
-    assert DFlashConfig().stream_every_for("cpu") is None
-    assert DFlashConfig().stream_every_for("cuda") == GPU_STREAM_EVERY
-    assert DFlashConfig().stream_every_for("metal") is None  # not measured on a Mac yet
-    assert DFlashConfig(stream_verify=None).stream_every_for("cuda") is None
-    assert DFlashConfig(stream_verify=3).stream_every_for("cpu") == 3
+    assert make_plan(DFlashConfig(), "cpu").stream_every == 0  # off
+    assert make_plan(DFlashConfig(), "cuda").stream_every == GPU_STREAM_EVERY
+    assert make_plan(DFlashConfig(), "metal").stream_every == 0  # not measured on a Mac yet
+    assert make_plan(DFlashConfig(stream_verify=None), "cuda").stream_every == 0
+    assert make_plan(DFlashConfig(stream_verify=3), "cpu").stream_every == 3
+    assert make_plan(DFlashConfig(stream_verify=3), "cpu", sharded=True).stream_every == 0
     assert load(tiny_pairs, "llama").describe()["stream_verify"] is None
     for bad in (0, -2, True, "4", 1.5):
         with pytest.raises(ConfigError, match="stream_verify"):

@@ -13,6 +13,7 @@ from engine import DFlashConfig, DFlashRuntime, verify_lengths
 from engine.cli import main as cli_main
 from engine.cycle import DraftProposer, padded, speculative_decode
 from engine.errors import ConfigError
+from engine.plan import Plan
 
 
 def load(tiny_pairs, family, **config):
@@ -46,7 +47,8 @@ def test_padded_verifies_stay_plain_greedy(tiny_pairs, family):
     ids = rt.encode("Hello world")
     want = plain_greedy(rt.model, ids, 60)
     lengths = (0, 1, 5, 5, 5, 5, 7, 7, 16, 16, 16, 16, 16, 16, 16, 16, 16)
-    proposer = DraftProposer(rt.target, rt.draft, min_confidence=1.0, verify_lengths=lengths)
+    proposer = DraftProposer(rt.target, rt.draft,
+                             plan=Plan(min_confidence=1.0, verify_lengths=lengths))
     commits = list(speculative_decode(rt.target, proposer, ids, 60, 16, 512))
     assert [t for c in commits for t in c.tokens] == want
     sizes, emitted = set(), len(commits[0].tokens)

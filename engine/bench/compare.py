@@ -113,10 +113,9 @@ def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Ite
         return
 
     def make(head: Any, cache: list[Any], context: list[int]) -> OracleProposer:
-        oracle = Oracle(reference, opts.oracle, rt.block_size, rt.target.vocab_size,
+        oracle = Oracle(reference, opts.oracle, rt.plan.block_size, rt.target.vocab_size,
                         opts.oracle_seed)
-        return OracleProposer(rt.target, rt.draft, oracle, True, head, cache,
-                              rt.prefetch_draft)
+        return OracleProposer(rt.target, rt.draft, oracle, True, head, cache, rt.plan.prefetch)
 
     rt.make_proposer = make
     try:
@@ -371,11 +370,11 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "no_eos": no_eos, "warmup": warmup, "greedy": opts.greedy,
                      "sampling": None if opts.greedy else opts.sampling,
                      "prefill_step": rt.config.prefill_chunk,
-                     "block_size": rt.block_size, "max_ctx": rt.config.max_ctx,
+                     "block_size": rt.plan.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": profile,
-                     "min_draft_confidence": None if oracle else rt.min_confidence,
+                     "min_draft_confidence": None if oracle else rt.plan.min_confidence,
                      "verify_lengths": None if oracle else desc["verify_lengths"],
-                     "draft_vocab": rt.draft_vocab,
+                     "draft_vocab": rt.plan.draft_vocab,
                      "lookup_min_match": None if oracle else rt.config.lookup_min_match,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
                      else None},

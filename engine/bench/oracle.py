@@ -22,6 +22,7 @@ import mlx.core as mx
 from ..cycle import DraftProposer
 from ..draft import DFlashDraft
 from ..draft_head import DraftHead
+from ..plan import Plan
 from ..targets.base import TargetAdapter
 
 RECORD_ROUNDS = 6  # speculative runs that may be needed to reach the fixed point
@@ -91,9 +92,9 @@ class OracleProposer(DraftProposer):
 
     def __init__(self, target: TargetAdapter, draft: DFlashDraft, oracle: Oracle,
                  draft_cost: bool = True, head: DraftHead | None = None,
-                 cache: list[Any] | None = None, prefetching: bool = False) -> None:
-        super().__init__(target, draft, head, None, cache or [],
-                         prefetching=prefetching and draft_cost)
+                 cache: list[Any] | None = None, prefetch: bool = False) -> None:
+        super().__init__(target, draft, head, Plan(prefetch=prefetch and draft_cost),
+                         cache or [])
         self.oracle, self.draft_cost = oracle, draft_cost
 
     def propose(self, staged: int, size: int, position: int) -> mx.array:

@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..config import DFlashConfig, add_queueing_args, queueing_from_args
-from ..cycle import prefetch_applies, speculative_decode
+from ..cycle import speculative_decode
 from ..draft import DFlashDraft, DraftArgs, default_tap_ids
+from ..plan import make_plan
 from ..targets.base import TargetAdapter, cache_arrays, text_args
 from .environment import environment
 from .metrics import repeated_ngram_share
@@ -157,15 +159,14 @@ class TimedTarget:
 def run_dflash(target: TargetAdapter, draft: DFlashDraft, prompt: list[int],
                reference: Sequence[int], max_tokens: int, block_size: int,
                tokens_per_cycle: float, seed: int, draft_cost: bool = True,
-               profile: bool = False, prefetching: bool = False) -> tuple[Side, dict]:
+               profile: bool = False, prefetch: bool = False) -> tuple[Side, dict]:
     """speculative_decode (the engine's own loop) with the oracle proposer
     -> (the timed side, its cycle summary). `profile`: each phase and each verify forward
     evaluated on its own (device times per phase, more syncs: not the run to time);
-    `prefetching`: the next draft forward queued before each cycle's sync (the runtime's
-    `prefetch_draft`)."""
+    `prefetch`: the next draft forward queued before each cycle's sync (`Plan.prefetch`)."""
     timed = TimedTarget(target) if profile else None
     oracle = Oracle(reference, tokens_per_cycle, block_size, target.vocab_size, seed)
-    proposer = OracleProposer(target, draft, oracle, draft_cost, prefetching=prefetching)
+    proposer = OracleProposer(target, draft, oracle, draft_cost, prefetch=prefetch)
     tokens: list[int] = []
     cycles, walls = [], []
     mx.reset_peak_memory()
@@ -305,10 +306,11 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
     dargs = draft_args(name, target, draft_overrides)
     draft = build_draft(dargs, dtype, seed + 1)
     build_s = time.perf_counter() - built
-    # The queueing knobs as DFlashRuntime resolves them for this backend (whole blocks)
-    config = config or DFlashConfig()
-    prefetching = draft_cost and config.prefetch_for(backend) and prefetch_applies(draft, None)
-    target.launch_every = config.stream_every_for(backend) or 0
+    # The queueing knobs as DFlashRuntime plans them for this backend (whole blocks)
+    plan = make_plan(replace(config or DFlashConfig(), min_draft_confidence=None), backend,
+                     draft)
+    prefetch = draft_cost and plan.prefetch
+    target.launch_every = plan.stream_every
 
     rng = random.Random(seed)
     prompt = [rng.randrange(target.vocab_size) for _ in range(ctx)]
@@ -317,14 +319,14 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
         n = min(8, max_tokens)
         ref = run_baseline(model, prompt, n, PREFILL_CHUNK).tokens
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
-                   draft_cost, prefetching=prefetching)
+                   draft_cost, prefetch=prefetch)
         run_dflash(target, draft, prompt, ref, n, block_size, tokens_per_cycle, seed,
-                   draft_cost, profile=True, prefetching=prefetching)
+                   draft_cost, profile=True, prefetch=prefetch)
     base = run_baseline(model, prompt, max_tokens, PREFILL_CHUNK)
 
     def oracle_run(reference: Sequence[int], profile: bool = False) -> tuple[Side, dict]:
         return run_dflash(target, draft, prompt, reference, max_tokens, block_size,
-                          tokens_per_cycle, seed, draft_cost, profile, prefetching)
+                          tokens_per_cycle, seed, draft_cost, profile, prefetch)
 
     # The oracle proposes what the verify itself chooses (see oracle.py), in every dtype.
     reference, rounds = consistent_reference(lambda r: oracle_run(r)[0].tokens, base.tokens)
@@ -363,7 +365,7 @@ def run_synthetic(name: str, layers: int | None = None, overrides: dict | None =
                      "tokens_per_cycle_target": tokens_per_cycle, "greedy": True,
                      "prefill_step": PREFILL_CHUNK, "seed": seed, "iters": iters,
                      "draft_forward_timed": draft_cost, "warmup": warmup,
-                     "prefetch_draft": prefetching, "stream_every": target.launch_every},
+                     "prefetch_draft": prefetch, "stream_every": target.launch_every},
         "baseline_function": "mlx_lm.generate.generate_step",
         "build_s": build_s,
         "forward": fwd,
