@@ -40,15 +40,6 @@ class DraftHead:
             return self.target.lm_head(hidden)
         return cpu_linear.project(hidden, self.weight)  # on a CPU, a block's rows in C
 
-    def rows(self, index: mx.array) -> mx.array | None:
-        """Indices into this head's logits [...] -> the head's rows for them [..., H], such
-        that `hidden @ rows.T` are those logits; None where the target's head is not a plain
-        projection (`TargetAdapter.head_rows`)."""
-        if self.weight is not None:
-            return self.weight[index]
-        rows = self.target.head_rows(index.reshape(-1))
-        return None if rows is None else rows.reshape(*index.shape, -1)
-
     def token_ids(self, index: mx.array) -> mx.array:
         """Indices into this head's logits -> token ids."""
         return index if self.ids is None else self.ids[index]
