@@ -10,8 +10,11 @@ the offline default pair once with the engine's defaults (`--model`/`--draft` fo
 warms up, then benchmarks each prompt it is sent as `dflash benchmark` does
 (engine.bench.compare.bench_prompt: mlx-lm's plain decoding, then DFlash, on the same loaded
 target; greedy, token match checked; no conversation-state reuse). The prompts alternate which
-checkout runs first. The JSON holds both sides' rows and, per suite and overall, each side's
-medians and the second checkout's DFlash tok/s and speed-up over the first's, prompt by prompt.
+checkout runs first. `--no-baseline` times DFlash alone (the engine change's side of the
+row, at a fraction of the time: plain decoding is the slow half), and each row keeps its
+tokens: the two checkouts must commit the same ones. The JSON holds both sides' rows and, per
+suite and overall, each side's medians and the second checkout's DFlash tok/s (and speed-up)
+over the first's, prompt by prompt.
 """
 
 from __future__ import annotations
@@ -33,20 +36,39 @@ def worker(args: argparse.Namespace) -> int:
     """Load the pair once, then answer `SUITE INDEX` lines with a benchmark row each."""
     import engine
     from engine import DFlashConfig, DFlashRuntime
-    from engine.bench.compare import Options, bench_prompt, warm_up
+    from engine.bench.compare import (
+        Options,
+        bench_prompt,
+        cycle_json,
+        median_side,
+        run_dflash,
+        warm_up,
+    )
     from engine.bench.environment import environment
-    from engine.bench.suites import load_prompts
+    from engine.bench.metrics import repeated_ngram_share
+    from engine.bench.suites import encode, load_prompts
 
     prompts = {suite: load_prompts(suite=suite, limit=args.limit)[0] for suite in args.suite}
     rt = DFlashRuntime.from_pretrained(args.model, args.draft, DFlashConfig(prompt_cache_bytes=0))
     opts = Options(max_tokens=args.max_tokens)
-    warm_up(rt, prompts[args.suite[0]][0], opts)
+    if args.no_baseline:  # compilation and allocation outside the timed runs
+        run_dflash(rt, encode(rt, prompts[args.suite[0]][0]), opts)
+    else:
+        warm_up(rt, prompts[args.suite[0]][0], opts)
     say({"ready": True, "engine": engine.__file__, "model": rt.describe(),
          "environment": environment()})
     for line in sys.stdin:
         suite, index = line.split()
-        row = bench_prompt(rt, prompts[suite][int(index)], opts, args.repeat, lambda: None)
-        say({"suite": suite, **row})
+        prompt = prompts[suite][int(index)]
+        if not args.no_baseline:
+            say({"suite": suite, **bench_prompt(rt, prompt, opts, args.repeat, lambda: None)})
+            continue
+        ids = encode(rt, prompt)
+        sides, results = zip(*(run_dflash(rt, ids, opts) for _ in range(args.repeat)))
+        say({"suite": suite, "prompt_id": prompt.id, "prompt_tokens": len(ids),
+             "dflash": {**median_side(list(sides)), **cycle_json(list(results))},
+             "repeat4_share": repeated_ngram_share(sides[0].tokens),
+             "tokens": sides[0].tokens})
     return 0
 
 
@@ -67,6 +89,7 @@ def start(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
             "--max-tokens", str(args.max_tokens), "--limit", str(args.limit),
             "--repeat", str(args.repeat), *[a for s in args.suite for a in ("--suite", s)]]
+    argv += ["--no-baseline"] if args.no_baseline else []
     argv += ["--model", args.model] if args.model else []
     argv += ["--draft", args.draft] if args.draft else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -103,22 +126,29 @@ def summary(rows: dict[str, list[dict]], names: list[str]) -> dict:
         flash = [r["dflash"] for r in runs]
         out[name] = {
             "dflash_tokens_per_second_median": median([f["tokens_per_second"] for f in flash]),
-            "baseline_tokens_per_second_median": median(
-                [r["baseline"]["tokens_per_second"] for r in runs]),
-            "speedup_median": median([r["speedup"] for r in runs]),
+            "dflash_decode_tokens_per_second_median": median(
+                [f["decode_tokens_per_second"] for f in flash]),
             "tokens_per_cycle_mean": mean([f["tokens_per_cycle"] for f in flash]),
             "tokens_per_cycle_nonloop_mean": mean([f["tokens_per_cycle_nonloop"] for f in flash]),
             "repeat4_share_mean": mean([r["repeat4_share"] for r in runs]),
-            "cycle_cost_steps_median": median([r.get("cycle_cost_steps") for r in runs]),
-            "token_match": all(r["token_match"] for r in runs),
         }
+        if "baseline" in runs[0]:  # dflash benchmark's whole row
+            out[name].update({
+                "baseline_tokens_per_second_median": median(
+                    [r["baseline"]["tokens_per_second"] for r in runs]),
+                "speedup_median": median([r["speedup"] for r in runs]),
+                "cycle_cost_steps_median": median([r.get("cycle_cost_steps") for r in runs]),
+                "token_match": all(r["token_match"] for r in runs)})
     a, b = (rows[n] for n in names)
-    out[f"{names[1]}_over_{names[0]}"] = {
-        "dflash_tokens_per_second_ratio_median": median(
-            [y["dflash"]["tokens_per_second"] / x["dflash"]["tokens_per_second"]
-             for x, y in zip(a, b)]),
-        "speedup_ratio_median": median([y["speedup"] / x["speedup"] for x, y in zip(a, b)]),
-    }
+    ratios: dict[str, Any] = {"dflash_tokens_per_second_ratio_median": median(
+        [y["dflash"]["tokens_per_second"] / x["dflash"]["tokens_per_second"]
+         for x, y in zip(a, b)])}
+    if "baseline" in a[0]:
+        ratios["speedup_ratio_median"] = median([y["speedup"] / x["speedup"]
+                                                 for x, y in zip(a, b)])
+    else:
+        ratios["same_tokens"] = all(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+    out[f"{names[1]}_over_{names[0]}"] = ratios
     return out
 
 
@@ -133,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs per prompt and side (median)")
     p.add_argument("--model", help="target id or folder (default: the offline default pair)")
     p.add_argument("--draft", help="draft id or folder")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="time DFlash alone (no mlx-lm run per prompt); rows keep their tokens")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -158,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = listen(procs[name])
                 rows[suite][name].append(row)
                 print(f"{suite} {index} {name}: DFlash {row['dflash']['tokens_per_second']:.1f} "
-                      f"tok/s, speed-up {row['speedup']:.2f}x, "
+                      f"tok/s ({row['dflash']['decode_tokens_per_second']:.1f} decoding), "
                       f"{row['dflash']['tokens_per_cycle']:.2f} tokens/cycle", file=sys.stderr)
     for proc in procs.values():
         proc.stdin.close()  # type: ignore[union-attr]
@@ -172,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": ready[names[1]]["environment"],
         "settings": {"max_tokens": args.max_tokens, "limit": args.limit,
                      "repeat": args.repeat, "greedy": True, "pick": "spread",
+                     "baseline": not args.no_baseline,
                      "order": "alternating: even positions run the first checkout first"},
         "summary": {"all": summary(everything, names),
                     **{s: summary(rows[s], names) for s in args.suite}},
@@ -181,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    bad = [n for n in names if not report["summary"]["all"][n]["token_match"]]
-    return 1 if bad else 0
+    every = report["summary"]["all"]
+    same = (every[f"{names[1]}_over_{names[0]}"].get("same_tokens", True)
+            and all(every[n].get("token_match", True) for n in names))
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
