@@ -14,7 +14,7 @@ sampling keeps the target's distribution. The runtime turns the `Commit`s into t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,27 +80,6 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 
 # -- proposals ----------------------------------------------------------------------------
-def propose(target: TargetAdapter, draft: DFlashDraft, draft_cache: list[Any],
-            staged: int, size: int, min_confidence: float | None = None,
-            head: DraftHead | None = None, lengths: Sequence[int] = ()) -> mx.array:
-    """One draft forward on [staged, mask x (size-1)] -> verify input [1, <= size].
-
-    `head` turns the draft's hidden states into proposals (default: the target's full
-    lm_head; a token subset is cheaper and as lossless). With `min_confidence`, the verify
-    input stops after the first draft whose own probability is below it (that one may still
-    be right; later ones rarely are): a shorter verify is cheaper where the forward's cost
-    grows with its length (CPU). The cut's length is a shape, so it costs a host sync between
-    draft and verify; without it the cycle's only sync is `read_commit`. `lengths` pads the
-    cut to a length the machine verifies faster (`padded`). Lossless either way: the target
-    decides every token."""
-    block = mx.array([[staged] + [draft.args.mask_token_id] * (size - 1)])
-    if size == 1:
-        return block
-    head = head or DraftHead(target)
-    logits = draft_head_logits(head, draft(target.embed(block), draft_cache))
-    return drafted_proposal(staged, logits, head, min_confidence, lengths)
-
-
 def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
     """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
     K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
@@ -128,8 +107,11 @@ def top_probability(logits: mx.array) -> mx.array:
 def verify_length(logits: mx.array, min_confidence: float | None, size: int,
                   lengths: Sequence[int] = ()) -> int:
     """How much of a proposal to verify: all `size` tokens, or with `min_confidence` up to
-    and including the first draft the draft gives less than that probability (a host sync:
-    the verify's shape depends on it), `padded` by `lengths`."""
+    and including the first draft the draft gives less than that probability (that one may
+    still be right; later ones rarely are), `padded` by `lengths`. A shorter verify is cheaper
+    where a forward's cost grows with its length (a CPU). The cut's length is a shape, so it
+    costs a host sync between draft and verify; without it the cycle's only sync is
+    `read_commit`. Lossless either way: the target decides every token."""
     if min_confidence is None:
         return size
     return cut_length(top_probability(logits), min_confidence, size, lengths)
@@ -292,65 +274,31 @@ def one_hot(tokens: mx.array, vocab: int) -> mx.array:
     return (mx.arange(vocab)[None] == tokens[:, None]).astype(mx.float32)
 
 
-# -- a DFlash2 draft's proposals --------------------------------------------------------
-def selected_proposal(staged: int, selector: CandidateSelector, hidden: mx.array,
-                      logits: mx.array, head: DraftHead, vocab: int,
-                      sampler: Sampler | None = None, min_confidence: float | None = None,
-                      lengths: Sequence[int] = ()) -> tuple[mx.array, mx.array | None]:
-    """A DFlash2 draft's proposal: its selector's path (`CandidateSelector.walk`) through the
-    slots' hidden states [n, H] and logits [n, K] over `head`. -> (verify input [1, <= n + 1]:
-    `staged`, then the path; with a `sampler`, the draws' distributions over the vocabulary
-    [<= n, V], each conditioned on the draws before it as speculative sampling needs). The
-    verify cut reads the draft's own probabilities of the path's tokens."""
-    path = selector.walk(hidden, logits, staged, head, sampler)
-    proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), path.tokens])[None]
-    size = path.tokens.shape[0] + 1
-    n = size if min_confidence is None else cut_length(path.confidence, min_confidence, size,
-                                                        lengths)
-    if path.q is None:
-        return proposal[:, :n], None
-    q = mx.put_along_axis(mx.zeros((size - 1, vocab), dtype=path.q.dtype), path.candidates,
-                          path.q, axis=-1)
-    return proposal[:, :n], q[: n - 1]
-
-
 # -- acceptance ---------------------------------------------------------------------------
-def agreeing_run(drafts: mx.array, choice: mx.array) -> mx.array:
-    """How many leading drafts [n] equal the target's choices [n]."""
-    return mx.sum(mx.cumprod((drafts == choice).astype(mx.int32), axis=-1), axis=-1)
-
-
 def accept(verify_in: mx.array, verify_logits: mx.array) -> tuple[mx.array, mx.array]:
     """Greedy acceptance: the longest prefix of drafts that equal the target's argmax.
     -> (accepted count a, target argmax [size]); the bonus token is argmax[a]."""
     choice = mx.argmax(verify_logits[0], axis=-1).astype(verify_in.dtype)
-    return agreeing_run(verify_in[0, 1:], choice[:-1]), choice
-
-
-def commit_row(verify_in: mx.array, accepted: mx.array, following: mx.array) -> mx.array:
-    """[a, the drafts, the target's token after the kept ones]: what `read_commit` reads."""
-    return mx.concatenate([accepted.reshape(1).astype(mx.int32),
-                           verify_in[0, 1:].astype(mx.int32),
-                           following.reshape(1).astype(mx.int32)])
+    agree = (verify_in[0, 1:] == choice[:-1]).astype(mx.int32)
+    return mx.sum(mx.cumprod(agree)), choice
 
 
 def commit_values(verify_in: mx.array, accepted: mx.array, following: mx.array,
                   flag: bool | mx.array = False) -> mx.array:
     """What the cycle's one host sync reads (`read_commit`), still on the device: `flag` (a
-    bool, or a bool scalar still on the device: the proposer's choice), then `commit_row`."""
-    first = mx.array(flag).reshape(1).astype(mx.int32)
-    return mx.concatenate([first, commit_row(verify_in, accepted, following)])
+    bool, or a bool scalar still on the device: the proposer's choice), the accepted count
+    a, the drafts, and the target's token after the kept ones."""
+    return mx.concatenate([mx.array(flag).reshape(1).astype(mx.int32),
+                           accepted.reshape(1).astype(mx.int32),
+                           verify_in[0, 1:].astype(mx.int32),
+                           following.reshape(1).astype(mx.int32)])
 
 
 def read_commit(values: mx.array) -> tuple[int, list[int], bool]:
     """The cycle's one host sync: the accepted count a, the committed tokens (the a kept
     drafts, then the target's token after them) and the flag come back in one read of
     `commit_values`."""
-    return commit_from_row(values.tolist())
-
-
-def commit_from_row(row: list[int]) -> tuple[int, list[int], bool]:
-    """`read_commit` of `commit_values` already read."""
+    row = values.tolist()
     a = row[1]
     return a, row[2:2 + a] + [row[-1]], bool(row[0])
 
@@ -487,15 +435,25 @@ class DraftProposer:
 
     def path_proposal(self, staged: int, size: int, sampler: Sampler | None = None
                       ) -> tuple[mx.array, mx.array | None]:
-        """A DFlash2 draft's proposal: its selector's path (`selected_proposal`) through the
-        block's `path_outputs`."""
+        """A DFlash2 draft's proposal: its selector's path (`CandidateSelector.walk`) through
+        the block's `path_outputs`. -> (verify input [1, <= size]: `staged`, then the path;
+        with a `sampler`, the draws' distributions over the vocabulary [<= size - 1, V], each
+        conditioned on the draws before it as speculative sampling needs). The verify cut
+        reads the draft's own probabilities of the path's tokens."""
         assert self.selector is not None
+        vocab, cut = self.target.vocab_size, self.plan.min_confidence
         if size == 1:
-            return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, self.target.vocab_size))
+            return mx.array([[staged]], dtype=mx.int32), mx.zeros((0, vocab))
         hidden, logits = self.path_outputs(staged, size)
-        return selected_proposal(staged, self.selector, hidden, logits, self.output_head,
-                                 self.target.vocab_size, sampler, self.plan.min_confidence,
-                                 self.plan.verify_lengths)
+        path = self.selector.walk(hidden, logits, staged, self.output_head, sampler)
+        proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), path.tokens])[None]
+        n = size if cut is None else cut_length(path.confidence, cut, size,
+                                                self.plan.verify_lengths)
+        if path.q is None:
+            return proposal[:, :n], None
+        q = mx.put_along_axis(mx.zeros((size - 1, vocab), dtype=path.q.dtype), path.candidates,
+                              path.q, axis=-1)
+        return proposal[:, :n], q[: n - 1]
 
     def path_outputs(self, staged: int, size: int) -> tuple[mx.array, mx.array]:
         """A DFlash2 draft forward on [staged, mask x (size - 1)] -> the normed hidden states
@@ -620,31 +578,3 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         if stop is not None:
             return
         index += 1
-
-
-def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
-                 prefill_chunk: int, sampler: Sampler | None = None,
-                 cache: list[Any] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Iterator[Commit]:
-    """Decoding by the target alone, through mlx-lm's own generate_step: greedy, or drawing
-    from `sampler`'s processed distribution (the same one speculative sampling keeps).
-    `cache`: the target's caches to continue (a resumed conversation); `progress(done, total)`
-    is called after each prefill chunk."""
-    from mlx_lm.generate import generate_step, generation_stream
-
-    def sample(logprobs: mx.array) -> mx.array:
-        token = (mx.argmax(logprobs, axis=-1) if sampler is None
-                 else sampler.draw(sampler.probs(logprobs)))
-        return target.agree(token)[0].reshape(token.shape)  # sharded: rank 0's token
-
-    plain = sampler is None and target.lockstep is None  # mlx-lm's own argmax
-    steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
-                          prefill_step_size=prefill_chunk, prompt_cache=cache,
-                          prompt_progress_callback=progress,
-                          sampler=None if plain else sample)
-    for token, _ in steps:
-        if target.lockstep is not None:
-            # generate_step has queued its next step on its own stream: let its collectives
-            # finish before the caller's (another stream's) can interleave with them.
-            mx.synchronize(generation_stream)
-        yield Commit([int(token)], 0)

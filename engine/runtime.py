@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -11,7 +11,7 @@ import mlx.nn as nn
 
 from . import device
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
-from .cycle import Commit, DraftProposer, plain_decode, prefill, speculative_decode
+from .cycle import Commit, DraftProposer, prefill, speculative_decode
 from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
 from .errors import ConfigError, PromptError
@@ -371,3 +371,30 @@ def target_model_dtype(model: nn.Module) -> mx.Dtype:
     inner = getattr(model, "language_model", model).model
     return inner.norm.weight.dtype
 
+
+def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
+                 prefill_chunk: int, sampler: Sampler | None = None,
+                 cache: list[Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Iterator[Commit]:
+    """Decoding by the target alone, through mlx-lm's own generate_step: greedy, or drawing
+    from `sampler`'s processed distribution (the same one speculative sampling keeps).
+    `cache`: the target's caches to continue (a resumed conversation); `progress(done, total)`
+    is called after each prefill chunk."""
+    from mlx_lm.generate import generate_step, generation_stream
+
+    def sample(logprobs: mx.array) -> mx.array:
+        token = (mx.argmax(logprobs, axis=-1) if sampler is None
+                 else sampler.draw(sampler.probs(logprobs)))
+        return target.agree(token)[0].reshape(token.shape)  # sharded: rank 0's token
+
+    plain = sampler is None and target.lockstep is None  # mlx-lm's own argmax
+    steps = generate_step(mx.array(prompt), target.model, max_tokens=max_tokens,
+                          prefill_step_size=prefill_chunk, prompt_cache=cache,
+                          prompt_progress_callback=progress,
+                          sampler=None if plain else sample)
+    for token, _ in steps:
+        if target.lockstep is not None:
+            # generate_step has queued its next step on its own stream: let its collectives
+            # finish before the caller's (another stream's) can interleave with them.
+            mx.synchronize(generation_stream)
+        yield Commit([int(token)], 0)

@@ -476,8 +476,8 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     async_eval'ed (its host launch time) and waited for: only where evaluation is cheap."""
     from mlx_lm.generate import generate_step  # noqa: F401  (the step plain1 rebuilds)
 
+    from engine.cycle import DraftProposer, commit_values
     from engine.cycle import accept as accept_fn
-    from engine.cycle import commit_row, propose
     from engine.device import current
     from engine.draft_head import DraftHead
     from engine.runtime import target_model_dtype
@@ -507,17 +507,18 @@ def host_part(rt: Any, ctx: int, iters: int, launch: bool, accepted: int = 3) ->
     def accept_step(logits: mx.array) -> list:
         a, choice = accept_fn(ids, logits)
         a, following = target.agree(a, choice[a])
-        return [a, following, commit_row(ids, a, following)]
+        return [a, following, commit_values(ids, a, following)]
 
     def rollback_step(taps: mx.array) -> list:
         target.rollback(cache, keep=keep, verified=size)
         draft.append_context(taps[:, :keep], dcache)
         return cache_arrays(cache, dcache)
 
+    proposer = DraftProposer(target, draft, head, cache=dcache)  # whole blocks, full head
     phases: dict[str, Callable[[list], list]] = {
         "plain1": lambda _: plain1(),
         "plain16": lambda _: [model(ids, cache=cache)],
-        "draft": lambda _: [propose(target, draft, dcache, 5, size, None, head)],
+        "draft": lambda _: [proposer.draft_proposal(5, size)],
         "verify": lambda _: verify(),
         "accept": lambda prev: accept_step(prev[0]),
         "rollback": lambda prev: rollback_step(prev[1]),

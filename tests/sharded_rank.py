@@ -24,8 +24,9 @@ import mlx.core as mx  # noqa: E402
 from tiny_pairs import TruthOracle, cache_states  # noqa: E402
 
 from engine import DFlashConfig, DFlashRuntime  # noqa: E402
-from engine.cycle import plain_decode, prefill, speculative_decode  # noqa: E402
+from engine.cycle import prefill, speculative_decode  # noqa: E402
 from engine.distributed import follow  # noqa: E402
+from engine.runtime import plain_decode  # noqa: E402
 
 PROMPTS = ["Hello world", "def add(a, b):"]
 TOKENS = 24

@@ -13,7 +13,7 @@ import pytest
 from tiny_pairs import plain_greedy
 
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import DraftProposer, prefill, propose, speculative_decode
+from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.draft_head import DraftHead, build_draft_head
 from engine.loading import load_target
 from engine.plan import Plan, make_plan
@@ -108,8 +108,10 @@ def test_subset_head_is_lossless_and_proposes_only_subset_tokens(tiny_pairs, fam
     dcache = proposer.cache
     drafted, full = set(), set()
     for staged in range(0, target.vocab_size, 11):
-        drafted |= set(propose(target, draft, dcache, staged, 16, head=head)[0, 1:].tolist())
-        full |= set(propose(target, draft, dcache, staged, 16)[0, 1:].tolist())
+        subset = DraftProposer(target, draft, head, cache=dcache).draft_proposal(staged, 16)
+        drafted |= set(subset[0, 1:].tolist())
+        whole = DraftProposer(target, draft, cache=dcache).draft_proposal(staged, 16)
+        full |= set(whole[0, 1:].tolist())
     assert drafted <= keep
     assert full - keep
 

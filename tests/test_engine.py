@@ -78,7 +78,7 @@ def test_short_match_choices_stay_lossless(tiny_pairs, family, odds, cut, monkey
 
 def test_choose_proposal_takes_the_repeat_or_the_drafts(tiny_pairs, monkeypatch):
     import engine.cycle
-    from engine.cycle import choose_proposal, propose
+    from engine.cycle import choose_proposal
     from engine.draft_head import build_draft_head
 
     rt = load(tiny_pairs, "llama")
@@ -88,21 +88,21 @@ def test_choose_proposal_takes_the_repeat_or_the_drafts(tiny_pairs, monkeypatch)
         dcache = rt.draft.make_cache()
         prefill(rt.target, rt.target.make_cache(), ids, 512,
                 DraftProposer(rt.target, rt.draft, cache=dcache))
-        drafted = propose(rt.target, rt.draft, dcache, 3, 16, head=head)
+        drafted = DraftProposer(rt.target, rt.draft, head, cache=dcache).draft_proposal(3, 16)
         proposer = DraftProposer(rt.target, rt.draft, head=head, cache=dcache)
         logits, out = proposer.draft_logits(3, 16), proposer.output_head
         monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 0.0)
         verify_in, took = choose_proposal(3, logits, out, repeat)
         assert bool(took) and verify_in.tolist() == [[3] + repeat[:15]]
-        # cut on: a taken repeat is verified whole, a draft proposal cut as `propose` cuts it
+        # cut on: a taken repeat is verified whole, a draft proposal cut as the proposer cuts it
         verify_in, _ = choose_proposal(3, logits, out, repeat, 0.5)
         assert verify_in.tolist() == [[3] + repeat[:15]]
         monkeypatch.setattr(engine.cycle, "REPEAT_ODDS", 1e9)
         verify_in, took = choose_proposal(3, logits, out, repeat)
         assert not bool(took) and verify_in.tolist() == drafted.tolist()
         verify_in, _ = choose_proposal(3, logits, out, repeat, 0.5)
-        assert verify_in.tolist() == propose(rt.target, rt.draft, dcache, 3, 16, 0.5,
-                                             head).tolist()
+        cut = DraftProposer(rt.target, rt.draft, head, Plan(min_confidence=0.5), dcache)
+        assert verify_in.tolist() == cut.draft_proposal(3, 16).tolist()
 
 
 def test_rerun_rollback_matches_tape_replay_end_to_end(tiny_pairs):

@@ -11,7 +11,7 @@ import pytest
 from script_modules import load_script
 from tiny_pairs import check_walk_is_the_decode, make_tiny_pair
 
-from engine.cycle import propose
+from engine.cycle import DraftProposer
 from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
 from engine.runtime import DFlashRuntime
@@ -497,7 +497,7 @@ def test_train_end_to_end_round_trips(pair, tmp_path):
     spec = rt.generate(prompt, max_tokens=20, no_eos=True)
     plain = rt.generate(prompt, max_tokens=20, no_eos=True, speculative=False)
     assert spec.tokens == plain.tokens and spec.speculative
-    assert propose(rt.target, draft, draft.make_cache(), 5, 4).shape == (1, 4)
+    assert DraftProposer(rt.target, draft).draft_proposal(5, 4).shape == (1, 4)
 
 
 def test_length_grouped_batches_cover_every_sequence_with_little_padding():
@@ -686,7 +686,7 @@ def test_prompt_set_is_diverse_and_seeded():
 
 
 def test_continue_batch_equals_single_greedy(pair):
-    from engine.cycle import plain_decode
+    from engine.runtime import plain_decode
     from engine.train.generate import continue_batch
 
     _, _, model, tokenizer = pair
@@ -699,7 +699,7 @@ def test_continue_batch_equals_single_greedy(pair):
 
 
 def test_continue_batch_left_pads_mixed_lengths(pair):
-    from engine.cycle import plain_decode
+    from engine.runtime import plain_decode
     from engine.train.generate import continue_batch
 
     _, _, model, _ = pair
@@ -715,7 +715,7 @@ def test_running_batch_equals_single_greedy_through_refills(pair):
     """Rows that end leave the batch and queued prompts take their place (continuous
     batching): every answer still equals the prompt's own greedy decoding, cut at its first
     EOS or at the token limit."""
-    from engine.cycle import plain_decode
+    from engine.runtime import plain_decode
     from engine.train.generate import answer_running
 
     _, _, model, _ = pair
@@ -740,7 +740,7 @@ def test_follow_ups_join_the_running_batch_and_are_answered_like_the_rest(pair, 
     """A conversation's next turn: `follow_up` appends a prompt built from an answer that
     ended, and the same run answers it before the prompts still queued, as greedy decoding
     of that prompt alone would; the non-paddable path answers them in a later round."""
-    from engine.cycle import plain_decode
+    from engine.runtime import plain_decode
     from engine.train import generate
     from engine.train.generate import answer_prompts, answer_running
 
