@@ -115,7 +115,7 @@ def load_or_measure(model: nn.Module, target: TargetAdapter, dtype: str,
     except (OSError, ValueError):
         pass
     if progress is not None:
-        progress("timing verify lengths on this machine (once, a few seconds)", None)
+        progress("timing verify lengths on this machine (once for this model)", None)
     costs = measure(target, tap_ids, size)
     record = {"key": key, "costs_ms": [round(c * 1e3, 3) for c in costs],
               "lengths": padded_lengths(costs),
