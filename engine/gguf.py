@@ -472,8 +472,9 @@ def build_backend_tokenizer(metadata: dict[str, Any]) -> Any:
         "pre_tokenizer_type": metadata.get("tokenizer.ggml.pre"),
         "tokens": metadata["tokenizer.ggml.tokens"],
         "token_type": metadata.get("tokenizer.ggml.token_type"),
-        "add_prefix_space": metadata.get("tokenizer.ggml.add_space_prefix"),
     }
+    if "tokenizer.ggml.add_space_prefix" in metadata:  # absent: the converters' own default
+        tok_dict["add_prefix_space"] = metadata["tokenizer.ggml.add_space_prefix"]
     for key, name in (("merges", "merges"), ("scores", "scores")):
         if f"tokenizer.ggml.{key}" in metadata:
             tok_dict[name] = metadata[f"tokenizer.ggml.{key}"]
@@ -491,11 +492,14 @@ def build_backend_tokenizer(metadata: dict[str, Any]) -> Any:
 
 
 def _convert(architecture: str, tok_dict: dict[str, Any]) -> Any:
-    try:  # transformers 5 layout; this module imports no torch (its siblings do)
+    try:  # the later transformers 5 layout; this module imports no torch (its siblings do)
         from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
-    except ImportError as exc:
-        raise UnsupportedModel(
-            "building a tokenizer from a GGUF needs transformers >= 5. "
-            "Fix: pip install -U 'transformers>=5'"
-        ) from exc
+    except ImportError:
+        try:  # the earlier transformers 5 releases kept it here
+            from transformers.integrations.ggml import convert_gguf_tokenizer
+        except ImportError as exc:
+            raise UnsupportedModel(
+                "building a tokenizer from a GGUF needs transformers >= 5. "
+                "Fix: pip install -U 'transformers>=5'"
+            ) from exc
     return convert_gguf_tokenizer(architecture, tok_dict)[0]

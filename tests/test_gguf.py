@@ -156,6 +156,34 @@ def test_tiny_gguf_tokenizer(tmp_path):
     assert again.encode("hello world") == ids
 
 
+def test_tiny_gguf_tokenizer_with_earlier_transformers_5_layout(tmp_path, monkeypatch):
+    """Earlier transformers 5 releases keep the GGUF tokenizer converter in integrations.ggml
+    and fail on an add_prefix_space of None: the GGUF's tokenizer builds there too."""
+    import sys
+    import types
+
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+
+    seen = []
+
+    def earlier_convert(architecture, tok_dict):
+        if "add_prefix_space" in tok_dict and tok_dict["add_prefix_space"] is None:
+            raise TypeError("'None' is not an instance of 'bool'")
+        seen.append(architecture)
+        return mapping.convert_gguf_tokenizer(architecture, tok_dict)
+
+    monkeypatch.setitem(sys.modules, "transformers.integrations.gguf.gguf_tokenizer_mapping",
+                        None)  # an ImportError, as where the module does not exist
+    monkeypatch.setitem(sys.modules, "transformers.integrations.ggml",
+                        types.SimpleNamespace(convert_gguf_tokenizer=earlier_convert))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, T.Q8_0)
+    _, tok = eg.load_gguf_target(path)
+    assert seen == ["llama"]
+    ids = tok.encode("hello world")
+    assert ids[0] == TOKENS.index("hello") and tok.decode(ids) == "hello world"
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     for n_head in (8, 2):
