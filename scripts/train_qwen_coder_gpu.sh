@@ -12,8 +12,8 @@
 #          later sessions stage it again; the machine keeps nothing)
 #   train  a draft (DEPTH layers, MLP WIDTH, TAPS taps; or INIT, a staged draft folder tar) on
 #          every gen-*.npz staged or made on this machine, for TRAIN_S seconds -> /root/draft,
-#          packed into $OUT (weights in 15 MB pieces: cat draft-weights.part-* >
-#          model.safetensors); PAUSE=S ends the call after S seconds and PART=resume
+#          packed into $OUT (weights in 15 MB pieces, 8-bit when bf16 would not fit what a
+#          call returns: cat draft-weights.part-* > model.safetensors); PAUSE=S ends the call after S seconds and PART=resume
 #          continues the same schedule
 #   more   /root/draft trained on with its optimizer state for MORE_S more seconds
 #   bench  dflash benchmark on SUITES (default: all three, LIMIT prompts each) with the
@@ -52,10 +52,16 @@ train_args=(--model $model --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
             --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16 --no-progress
             ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB pieces (a file
-  # that comes back is capped at 16 MB, all of them at 64 MB)
+  # that comes back is capped at 16 MB, all of them at 64 MB): weights over 56 MB come back
+  # stored 8-bit (the bf16 ones stay in /root/draft for PART=more on this machine)
   local dir=${1:-/root/draft}
+  if (( $(stat -c %s "$dir/model.safetensors") > 56000000 )); then
+    rm -rf /root/draft-q8 && python3 scripts/quantize_draft.py "$dir" /root/draft-q8 --bits 8 \
+      && dir=/root/draft-q8
+  fi
   tar -C "$dir" -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
   split -b 15M -d -a 2 "$dir/model.safetensors" "$OUT/draft-weights.part-"
+  ls -l "$OUT"; sha256sum "$dir/model.safetensors"
 }
 case "${PART:-}" in
 gen)
