@@ -19,9 +19,14 @@
 #   bench  dflash benchmark on SUITES (default: all three, LIMIT prompts each) with the
 #          shipped draft (or DRAFT=/root/draft), mlx-lm plain and mlx-lm speculative with the
 #          0.5B draft at K=2..6, at the GPU's default precision -> $OUT/qwen2.5-coder-1.5b-*-gpu.json
+# Make the calls back to back: the machine goes back after 30 s idle and the staging with it
+# (copy what a call returned after starting the next one).
 # Stage 1 (2026-12-06, one H100): SEED=1 SLICE=0/4 GEN_S=400 GEN_BATCH=512 PART=gen, then
-# SEED=1 TRAIN_S=680 PAUSE=400 LR=6e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume (the
-# model card of engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of it).
+# SEED=1 TRAIN_S=680 PAUSE=400 LR=6e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume.
+# Stage 2 (2026-12-06, one H100): SEED=2 SLICE=1/4 GEN_S=240 GEN_BATCH=512 PART=gen, then
+# INIT=/root/stash/files/qwen-draft.tar (a tar of the shipped draft folder, staged) SEED=2
+# TRAIN_S=420 LR=5e-4 BATCH=16 ANCHORS=64 PART=train (the model card of
+# engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of each).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
 files=/root/stash/files
