@@ -77,10 +77,13 @@ def where(reports: list[dict]) -> str:
                       + ("+changes" if (r.get("git") or {}).get("dirty") else "")
                       for r in reports})
     prompts = sorted({str(r["summary"]["runs"]) for r in reports})
+    loads = [x[0] for r in reports for x in (r.get("load_average_before"),
+                                             r["machine"].get("load_average")) if x]
+    load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     return (f"{machine}, {first['backend']} {first['dtype']}; {'/'.join(prompts)} prompts per "
             f"suite, replies of up to {first['settings']['max_tokens']} tokens, "
             f"{'greedy' if first['settings']['greedy'] else 'sampled'}; measured "
-            f"{', '.join(dates)} at commit {', '.join(commits)}")
+            f"{', '.join(dates)} at commit {', '.join(commits)}{load}")
 
 
 def table(results: Path = RESULTS) -> str:

@@ -323,6 +323,7 @@ def test_plain_engine_side_times_speculation_off_in_the_same_run(tiny_pairs, tmp
     assert s["speedup_over_plain_engine_median"] == pytest.approx(
         run["dflash"]["tokens_per_second"] / plain["tokens_per_second"])
     assert report["git"] is None or len(report["git"]["commit"]) == 40
+    assert len(report["load_average_before"]) == len(report["machine"]["load_average"]) == 3
 
 
 def test_reports_leave_out_the_plain_engine_unless_asked(tiny_pairs):

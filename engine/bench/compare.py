@@ -37,7 +37,7 @@ from typing import Any
 from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from ..errors import DFlashError
 from .ar_draft import DEFAULT_KS, ArDraft, load_ar_draft, parse_ks
-from .environment import environment
+from .environment import environment, load_average
 from .metrics import (
     DEFINITIONS,
     lookup_cycle_share,
@@ -393,6 +393,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         timed[0] += 1
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    load_before = load_average()
     if warmup and items:
         warm_up(rt, items[0], opts)
     runs = []
@@ -403,6 +404,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     desc = rt.describe()
     return {
         "timestamp": started,
+        "load_average_before": load_before,
         **environment(),
         "backend": desc["backend"],
         "dtype": desc["dtype"],

@@ -15,6 +15,15 @@ def _total_memory() -> int | None:
         return None
 
 
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15-minute load averages: a benchmark on a busy CPU times the
+    other jobs too."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
 def machine_info() -> dict:
     import mlx.core as mx
 
@@ -31,6 +40,7 @@ def machine_info() -> dict:
         "processor": cpu_name(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": _total_memory(),
+        "load_average": load_average(),
         "default_device": str(mx.default_device()),
         "gpu": device.get("device_name") if on_gpu else None,
         "device_info": device,
