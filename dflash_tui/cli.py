@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         const="any",
         metavar="BACKEND",
         help="shard the target over the ranks mlx.launch started (any, ring, jaccl, mpi, "
-        "nccl); the app runs on rank 0, the other ranks follow it (README: sharded targets)",
+        "nccl); the app runs on rank 0, the other ranks follow it (docs/sharded.md)",
     )
     parser.add_argument("--version", action="version", version=f"dflash-chat {__version__}")
     return parser

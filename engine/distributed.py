@@ -121,11 +121,11 @@ def init_group(backend: str = "any") -> mx.distributed.Group:
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"--distributed: no distributed group ({str(exc).strip() or type(exc).__name__}). "
-            "Fix: start every rank with `mlx.launch` (see the README's sharded targets), or "
+            "Fix: start every rank with `mlx.launch` (docs/sharded.md), or "
             "drop --distributed.") from exc
     if group.size() < 2:
         raise ConfigError("--distributed: this process is the only rank. Fix: start it with "
-                          "`mlx.launch -n 2 ...` (see the README's sharded targets).")
+                          "`mlx.launch -n 2 ...` (docs/sharded.md).")
     return group
 
 

@@ -302,3 +302,40 @@ def test_ar_draft_errors_are_one_line(tiny_pairs, tmp_path, capsys):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     assert benchmark_main([*pair, "--ar-draft", str(other)]) == 2
     assert "its tokenizer differs from the target's" in said()
+
+
+def test_plain_engine_side_times_speculation_off_in_the_same_run(tiny_pairs, tmp_path, capsys):
+    target, draft = tiny_pairs("llama")
+    out = tmp_path / "report.json"
+    rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
+                         "--max-tokens", "12", "--no-eos", "--plain-engine", "--json", str(out)])
+    assert rc == 0
+    assert "speculation off" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["settings"]["plain_engine"] is True
+    run, s = report["runs"][0], report["summary"]
+    plain = run["plain_engine"]
+    # The target alone through the runtime: plain greedy's tokens, timed beside both sides.
+    assert plain.keys() >= SIDE_KEYS and plain["generated_tokens"] == 12
+    assert plain["token_match"] is True and s["plain_engine_token_match"] is True
+    assert plain["speedup"] == pytest.approx(
+        plain["tokens_per_second"] / run["baseline"]["tokens_per_second"])
+    assert s["speedup_over_plain_engine_median"] == pytest.approx(
+        run["dflash"]["tokens_per_second"] / plain["tokens_per_second"])
+    assert report["git"] is None or len(report["git"]["commit"]) == 40
+    assert len(report["load_average_before"]) == len(report["machine"]["load_average"]) == 3
+
+
+def test_reports_leave_out_the_plain_engine_unless_asked(tiny_pairs):
+    from engine import DFlashConfig, DFlashRuntime
+
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(str(target), str(draft), DFlashConfig(draft_block_size=4))
+    report = run_benchmark(rt, ["Hi"], max_tokens=6, warmup=False)
+    assert "plain_engine" not in report["runs"][0]
+    assert "plain_engine_speedup_median" not in report["summary"]
+    both = run_benchmark(rt, ["Hi"], max_tokens=6, warmup=False, plain_engine=True,
+                         sampling={"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                   "seed": 1})
+    assert both["runs"][0]["plain_engine"]["token_match"] is None  # sampled: no match by design
+    assert both["summary"]["plain_engine_token_match"] is None

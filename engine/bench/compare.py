@@ -7,6 +7,9 @@ logit gap there below 0.25, reported per run); anything else is a correctness bu
 `--ar-draft MODEL` adds mlx-lm's own speculative decoding with that autoregressive draft, at
 each `--num-draft-tokens` K (default 2..6), on the same loaded target and prompt ids: what an
 MLX user would run instead; the summary names its best K and DFlash's speed-up over it.
+`--plain-engine` adds this engine with speculation off (`generate(speculative=False)`, what
+`dflash generate --no-speculative` runs: the target alone through the runtime), so one run
+gives the three rows of the README's results table: mlx-lm, speculation off, DFlash.
 `--oracle-tokens-per-cycle K` replaces the draft's proposals by the target's own
 continuation, wrong at a drawn place so that a cycle commits K tokens on average (oracle.py):
 the cost of the cycle, independent of the draft's quality. With --temperature > 0 both
@@ -34,7 +37,7 @@ from typing import Any
 from ..config import add_engine_args, add_sampling_args, config_from_args, sampling_from_args
 from ..errors import DFlashError
 from .ar_draft import DEFAULT_KS, ArDraft, load_ar_draft, parse_ks
-from .environment import environment
+from .environment import environment, load_average
 from .metrics import (
     DEFINITIONS,
     lookup_cycle_share,
@@ -79,6 +82,7 @@ class Options:
     oracle_seed: int = 0
     ar_draft: Any = None  # an autoregressive draft model for mlx-lm's speculative row
     ar_ks: tuple[int, ...] = ()  # its num_draft_tokens values, one row each
+    plain_engine: bool = False  # also time the runtime with speculation off
 
     @property
     def greedy(self) -> bool:
@@ -124,11 +128,12 @@ def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Ite
         del rt.make_proposer
 
 
-def run_dflash(rt: Any, ids: list[int], opts: Options,
-               reference: list[int] | None = None) -> tuple[Side, Any]:
+def run_dflash(rt: Any, ids: list[int], opts: Options, reference: list[int] | None = None,
+               speculative: bool = True) -> tuple[Side, Any]:
     with oracle_proposals(rt, reference, opts):
         result = rt.generate(ids, max_tokens=opts.max_tokens, no_eos=opts.no_eos,
-                             profile=opts.profile, **opts.sampling)
+                             speculative=speculative, profile=opts.profile and speculative,
+                             **opts.sampling)
     side = Side(result.tokens, result.elapsed_s, result.prefill_s, result.peak_memory_bytes,
                 result.finish_reason)
     return side, result
@@ -177,6 +182,7 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
     bases: list[Side] = []
     flashes: list[Side] = []
     ar: dict[int, list[Side]] = {k: [] for k in opts.ar_ks}
+    plains: list[Side] = []
     results = []
     reference, rounds = None, None
     for _ in range(repeat):
@@ -193,6 +199,9 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
         for k, sides in ar.items():
             pause()
             sides.append(baseline(rt, ids, opts, k))
+        if opts.plain_engine:
+            pause()
+            plains.append(run_dflash(rt, ids, opts, speculative=False)[0])
     mismatches = [first_mismatch(b.tokens, f.tokens) for b, f in zip(bases, flashes)]
     base, flash = median_side(bases), median_side(flashes)
     flash.update(cycle_json(results))
@@ -222,7 +231,19 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
                     for b, f in zip(bases, flashes)],
         **({"ar_draft": {str(k): ar_row(rt, ids, bases, sides, opts) for k, sides in ar.items()}}
            if ar else {}),
+        **({"plain_engine": plain_row(bases, plains, opts)} if plains else {}),
     }
+
+
+def plain_row(bases: list[Side], sides: list[Side], opts: Options) -> dict:
+    """The engine with speculation off on a prompt: timings, speed-up over mlx-lm and
+    (greedy) whether its tokens are mlx-lm's."""
+    row = median_side(sides)
+    base = statistics.median(b.tokens_per_second for b in bases)
+    row["speedup"] = row["tokens_per_second"] / base if base else None
+    row["token_match"] = (all(first_mismatch(b.tokens, s.tokens) is None
+                              for b, s in zip(bases, sides)) if opts.greedy else None)
+    return row
 
 
 def ar_row(rt: Any, ids: list[int], bases: list[Side], sides: list[Side],
@@ -282,6 +303,21 @@ def summarize_ar(runs: list[dict]) -> dict:
     }
 
 
+def summarize_plain(runs: list[dict]) -> dict:
+    """The speculation-off side over the suite: its median tok/s and speed-up over mlx-lm,
+    DFlash's median speed-up over it, and whether every greedy reply was mlx-lm's."""
+    rows = [r["plain_engine"] for r in runs]
+    return {
+        "plain_engine_tokens_per_second_median": _median([p["tokens_per_second"] for p in rows]),
+        "plain_engine_speedup_median": _median([p["speedup"] for p in rows]),
+        "speedup_over_plain_engine_median": _median([
+            r["dflash"]["tokens_per_second"] / p["tokens_per_second"]
+            for r, p in zip(runs, rows) if p["tokens_per_second"]]),
+        "plain_engine_token_match": (None if any(p["token_match"] is None for p in rows)
+                                     else all(p["token_match"] for p in rows)),
+    }
+
+
 def summarize(runs: list[dict]) -> dict:
     flash = [r["dflash"] for r in runs]
     base = [r["baseline"] for r in runs]
@@ -312,6 +348,7 @@ def summarize(runs: list[dict]) -> dict:
         "near_tie_gap_max": max(gaps) if gaps else None,
         "divergences_all_near_ties": all(r["near_tie"] for r in diverged) if diverged else None,
         **(summarize_ar(runs) if runs and "ar_draft" in runs[0] else {}),
+        **(summarize_plain(runs) if runs and "plain_engine" in runs[0] else {}),
     }
 
 
@@ -324,6 +361,8 @@ def warm_up(rt: Any, prompt: BenchPrompt | str, opts: Options) -> None:
     run_dflash(rt, ids, untimed)
     for k in opts.ar_ks:
         baseline(rt, ids, untimed, k)
+    if opts.plain_engine:
+        run_dflash(rt, ids, untimed, speculative=False)
 
 
 def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int = 256,
@@ -332,14 +371,16 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                   progress: Callable[[int, int, BenchPrompt], None] | None = None,
                   profile: bool = False, sampling: dict[str, Any] | None = None,
                   oracle: float | None = None, oracle_seed: int = 0,
-                  ar_draft: ArDraft | None = None) -> dict:
+                  ar_draft: ArDraft | None = None, plain_engine: bool = False) -> dict:
     """Benchmark `prompts` (BenchPrompt or plain user messages) on a loaded DFlashRuntime.
     `sampling`: generate() keywords (temperature, top_p, top_k, min_p, seed); None: greedy.
     `oracle`: propose the target's own continuation at this mean tokens/cycle (greedy only).
     `ar_draft`: also time mlx-lm's speculative decoding with it at each of its Ks.
+    `plain_engine`: also time the runtime with speculation off (the target alone).
     Returns the report dict that --json writes (without the command line)."""
     opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed,
-                   ar_draft.model if ar_draft else None, ar_draft.ks if ar_draft else ())
+                   ar_draft.model if ar_draft else None, ar_draft.ks if ar_draft else (),
+                   plain_engine)
     if oracle is not None and not opts.greedy:
         raise BenchError("--oracle-tokens-per-cycle needs greedy decoding: drop --temperature.")
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt(str(i), p)
@@ -352,6 +393,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         timed[0] += 1
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    load_before = load_average()
     if warmup and items:
         warm_up(rt, items[0], opts)
     runs = []
@@ -362,6 +404,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     desc = rt.describe()
     return {
         "timestamp": started,
+        "load_average_before": load_before,
         **environment(),
         "backend": desc["backend"],
         "dtype": desc["dtype"],
@@ -377,7 +420,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "draft_vocab": rt.plan.draft_vocab,
                      "lookup_min_match": None if oracle else rt.config.lookup_min_match,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
-                     else None},
+                     else None, "plain_engine": plain_engine},
         "baseline_function": baseline_function(no_eos)
         + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
         "ar_draft": ar_draft.describe() if ar_draft else None,
@@ -430,6 +473,11 @@ def definitions() -> dict:
                     "target kept / generated tokens) and token_match with plain greedy; "
                     "summary.ar_draft_best_k: the K with the highest median tok/s, "
                     "speedup_over_ar_draft_median: median of DFlash tok/s / that K's",
+        "plain_engine": "this engine with speculation off (settings.plain_engine, "
+                        "--plain-engine): generate(speculative=False), the target alone "
+                        "through the runtime, timed in the same run; its speedup is over the "
+                        "mlx-lm baseline, summary.speedup_over_plain_engine_median: median of "
+                        "DFlash tok/s / its",
         "draft_vocab": "settings.draft_vocab: the draft proposes from the top N tokens of its "
                        "token_ranking.json plus each prompt's own tokens (--draft-vocab); null: "
                        "from the full vocabulary",
@@ -494,6 +542,11 @@ def print_report(report: dict, console: Any = None) -> None:
         console.print(f"mlx-lm speculative with {Path(a['model']).name} over plain mlx-lm "
                       f"(median): {by_k}; best K={s['ar_draft_best_k']}. DFlash over it: "
                       f"{_fmt(s['speedup_over_ar_draft_median'], '.2f')}x (median).")
+    if s.get("plain_engine_tokens_per_second_median"):
+        console.print(f"speculation off (this engine, the target alone): "
+                      f"{s['plain_engine_tokens_per_second_median']:.1f} tok/s, "
+                      f"{_fmt(s['plain_engine_speedup_median'], '.2f')}x mlx-lm; DFlash over it: "
+                      f"{_fmt(s['speedup_over_plain_engine_median'], '.2f')}x (medians).")
     if s.get("lookup_cycle_share"):
         console.print(f"suffix lookup proposed {s['lookup_cycle_share']:.0%} of the cycles "
                       "(a repeat of earlier tokens), the draft the rest.")
@@ -556,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", metavar="K", default=None,
                    help="--ar-draft's tokens per step: one K, a list (2,4) or a range "
                         f"(default {DEFAULT_KS[0]}-{DEFAULT_KS[-1]}: each reported, and the best)")
+    p.add_argument("--plain-engine", action="store_true",
+                   help="also time this engine with speculation off (the target alone, as "
+                        "`dflash generate --no-speculative` runs it): a third side in the "
+                        "same run")
     p.add_argument("--profile", action="store_true",
                    help="evaluate each cycle phase separately: exact per-phase device times "
                         "(adds a few syncs per cycle)")
@@ -622,7 +679,7 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         report = run_benchmark(rt, prompts, args.max_tokens, args.repeat, args.cooldown,
                                args.no_eos, not args.no_warmup, fmt, progress, args.profile,
                                sampling_from_args(args), args.oracle_tokens_per_cycle,
-                               args.oracle_seed, ar)
+                               args.oracle_seed, ar, args.plain_engine)
     except DFlashError as exc:
         err.print("[red]error:[/red]", escape(str(exc)), highlight=False)
         return 2
@@ -636,7 +693,8 @@ def benchmark_main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {path}")
     bad = [r["prompt_id"] for r in report["runs"]
-           if r["token_match"] is False and not r.get("near_tie")]
+           if (r["token_match"] is False and not r.get("near_tie"))
+           or r.get("plain_engine", {}).get("token_match") is False]
     if bad:
         err.print(f"[red]error:[/red] DFlash output differs from the baseline on {bad}, not "
                   "at a near-tie: lossless decoding is broken (a correctness bug).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -11,6 +12,15 @@ def _total_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
+        return None
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15-minute load averages: a benchmark on a busy CPU times the
+    other jobs too."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
         return None
 
 
@@ -30,6 +40,7 @@ def machine_info() -> dict:
         "processor": cpu_name(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": _total_memory(),
+        "load_average": load_average(),
         "default_device": str(mx.default_device()),
         "gpu": device.get("device_name") if on_gpu else None,
         "device_info": device,
@@ -95,12 +106,31 @@ def cpu_kernels() -> dict | None:
                                  ("linear", cpu_linear.status()))}
 
 
+def git_state() -> dict | None:
+    """The commit of the checkout this engine runs from, and whether tracked files differ from
+    it (`dirty`); None outside a git checkout (an installed wheel)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root:
+            return None  # installed into some other project's tree
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
 def environment() -> dict:
-    """{"machine", "versions", "blas", "switches", "gpu_attention", "cpu_kernels"}: merged
+    """{"machine", "versions", "blas", "switches", "gpu_attention", "cpu_kernels", "git"}: merged
     into every report (gpu_attention: what a verify block's attention ran on,
     engine/kernels/cuda_attention.py)."""
     from ..kernels import cuda_attention
 
     return {"machine": machine_info(), "versions": versions(), "blas": blas_info(),
             "switches": switches(), "gpu_attention": cuda_attention.state(),
-            "cpu_kernels": cpu_kernels()}
+            "cpu_kernels": cpu_kernels(), "git": git_state()}

@@ -105,7 +105,7 @@ class GatedDeltaAdapter(TargetAdapter):
 
     # -- verify / rollback -------------------------------------------------------------
     def warm_up(self, verify_tokens: int = 16, tap_ids: Sequence[int] = ()) -> None:
-        """JIT-compile native kernels now: a compile takes seconds (the README's kernel notes),
+        """JIT-compile native kernels now: a compile takes seconds (docs/install.md, GPUs),
         which would otherwise stall the first rejected draft of the first reply. A 2-token
         verify and a 1-token rollback on a scratch cache reach both kernels."""
         if self.kernels.name == "portable":
