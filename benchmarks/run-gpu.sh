@@ -10,6 +10,8 @@
 #                (DRAFT, ARGS and SUFFIX as for smollm2)
 #   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
 #   PART=sampled the three suites at temperature 0.7
+#   PART=results the README's GPU rows (mlx-lm, speculation off, DFlash; LIMIT prompts, 8)
+#   PART=ab      an engine change's same-run A/B against a carried checkout (BEFORE)
 #   PART=cost-quick the cost checks that fit beside answer generation (train-smollm2-x2.sh
 #                PART=gen PROBE_GPU=g PROBE_PARTS=cost-quick): the cycle probe's cycle and host
 #                parts at checkpoint precision with the engine's defaults (and in children
@@ -179,12 +181,26 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
         --json "$OUT/smollm2-$suite-$v-h200.json"
     done
   done ;;
+results)  # the README's GPU rows: mlx-lm, speculation off and DFlash, at checkpoint precision
+  # (copy $OUT/gpu-*.json into benchmarks/results/, then scripts/results_table.py --write)
+  BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels (a fresh machine)
+  for suite in mt-bench humaneval gsm8k; do
+    bench --suite "$suite" --limit ${LIMIT:-8} --max-tokens 256 --plain-engine \
+      --json "$OUT/gpu-$suite.json"
+  done ;;
+ab)  # an engine change's A/B on the GPU, both checkouts in one run (scripts/ab_bench.py):
+  # BEFORE, a checkout carried here, e.g. made with
+  #   git archive ef1fe8b engine scripts pyproject.toml ':!engine/drafts/qwen*' \
+  #     | tar -x -C .carry/before   (issue 63's engine before its deletions)
+  step ${BENCH_S:-540} python3 scripts/ab_bench.py --checkout before=${BEFORE:-.carry/before} \
+    --checkout after=. --suite humaneval --suite gsm8k --suite mt-bench --limit ${LIMIT:-4} \
+    --no-baseline --json "$OUT/ab${SUFFIX:-}-gpu.json" ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
   for suite in mt-bench humaneval gsm8k; do
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t0.7-h200.json"
   done ;;
-*) echo "PART=setup|kernels|smollm2|rows|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|synthetic|oracle|gen-profile" >&2
+*) echo "PART=setup|kernels|smollm2|rows|results|ab|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|synthetic|oracle|gen-profile" >&2
    exit 2 ;;
 esac
 exit 0
