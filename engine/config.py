@@ -21,6 +21,7 @@ CPU_COPY_ODDS = 0.1  # --copy-odds auto's odds where the verify cut is on
 # cost fewer plain steps a cycle at 2-4 than at 6, whose last chunk the device runs after the
 # host has built everything
 GPU_STREAM_EVERY = 4
+PREFILL_CHUNK = 512  # prompts are prefilled in chunks of this many tokens (bounds peak memory)
 
 
 @dataclass
@@ -73,8 +74,11 @@ class DFlashConfig:
     copy_odds: float | str | None = "auto"
     # Prompt + max_tokens beyond this decodes with the target alone (stats say so).
     max_ctx: int = 16384
-    # Prefill in chunks of this many tokens to bound peak memory.
-    prefill_chunk: int = 512
+    # Pause speculation where it does not pay (engine/pause.py): when the recent cycles'
+    # tokens fall below their cost in plain steps, decode with the target alone (no draft
+    # forward, no wide verify) and probe again after a back-off. The same output either way.
+    # Off for sharded targets (each rank would time its own). False: speculate every cycle.
+    pause_speculation: bool = True
     # Numerics policy. None: on GPUs and Metal the target runs as its checkpoint stores it
     # (an MLX checkpoint's bf16 or 4-bit weights as mlx_lm.load gives them; the SmolLM2 GGUF's
     # Q4_1/Q8_0 blocks as MLX affine 4/8-bit layers, float16 activations like its scales);
@@ -100,8 +104,9 @@ class DFlashConfig:
             )
         if self.max_ctx < 16:
             raise ConfigError(f"max_ctx={self.max_ctx} is too small: use at least 16 tokens")
-        if self.prefill_chunk < 1:
-            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be at least 1")
+        if not isinstance(self.pause_speculation, bool):
+            raise ConfigError(f"pause_speculation={self.pause_speculation!r}: use True (pause "
+                              "speculation where the draft does not pay) or False")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ConfigError(
                 f"dtype={self.dtype!r} is not supported: use float32, bfloat16, float16 or None"
@@ -178,6 +183,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "ends with replaces the draft's where the draft gives it at least P "
                         f"times its top token's probability; 'auto' (default): {CPU_COPY_ODDS} "
                         "on CPU with the verify cut on, off otherwise")
+    p.add_argument("--pause", choices=["on", "off"], default="on",
+                   help="pause speculation where the draft does not pay: the target alone "
+                        "until a probe says it pays again, the same output (default on)")
     p.add_argument("--chat-template-args", type=json_object_arg, default=None, metavar="JSON",
                    help="JSON object passed to the chat template, e.g. "
                         "'{\"enable_thinking\": false}'")
@@ -268,7 +276,7 @@ def config_from_args(args: argparse.Namespace, **more: Any) -> DFlashConfig:
                         padded_verify=args.verify_padding == "on",
                         **queueing_from_args(args),
                         draft_vocab=args.draft_vocab, lookup_min_match=args.lookup,
-                        copy_odds=args.copy_odds,
+                        copy_odds=args.copy_odds, pause_speculation=args.pause == "on",
                         chat_template_args=args.chat_template_args, **more)
 
 

@@ -26,6 +26,7 @@ from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import CycleStats
 from .lookup import ContextCopy, SuffixLookup
+from .pause import Pacer
 from .plan import Plan
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
@@ -371,6 +372,12 @@ class DraftProposer:
         """Add committed tokens' tapped target features to the draft's context."""
         self.draft.append_context(taps, self.cache)
 
+    def paused_size(self, size: int) -> int:
+        """A paused cycle's verify length: `size` where the suffix lookup has a long match
+        (its repeat, no draft forward), else 1 (a plain step: the target alone)."""
+        length, found = self._looked_up(size)
+        return size if found and length >= self.lookup_min_match else 1
+
     def propose(self, staged: int, size: int, position: int) -> mx.array:
         """The verify input [1, <= size]: a long match's repeat, or the draft's proposal
         (copied from the context, or chosen against a short match's repeat, where on)."""
@@ -515,16 +522,20 @@ class DraftProposer:
 def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: list[int],
                        max_tokens: int, block_size: int, prefill_chunk: int,
                        cache: list[Any] | None = None, sync_phases: bool = False,
-                       sampler: Sampler | None = None,
-                       stop_ids: Collection[int] = ()) -> Iterator[Commit]:
+                       sampler: Sampler | None = None, stop_ids: Collection[int] = (),
+                       pacer: Pacer | None = None) -> Iterator[Commit]:
     """Yields the prefill's token, then one Commit per cycle. `cache` may be passed in
     (empty) to inspect it afterwards; `sync_phases` evaluates each phase on its own so the
     cycle stats hold device times per phase (see PhaseClock). Without a `sampler` every token
     is the target's argmax (greedy, exact); with one, speculative sampling (sampling.py)
     commits tokens distributed as the target's own samples. A commit holding one of
     `stop_ids` is the last, and the caches then end just before that token: a recurrent
-    state cannot be cut back later, and the next chat turn renders its own end-of-turn."""
+    state cannot be cut back later, and the next chat turn renders its own end-of-turn.
+    A `pacer` (engine/pause.py) pauses speculation where it does not pay: a paused cycle is
+    a 1-token step of the target alone (or a long suffix-lookup repeat), the same tokens;
+    its taps wait in `pacer.deferred` for the draft's next forward."""
     cache = target.make_cache() if cache is None else cache
+    pacer = pacer or Pacer(enabled=False)
     tap_ids = proposer.tap_ids
     position = len(prompt)
     last = prefill(target, cache, prompt, prefill_chunk, proposer)
@@ -536,7 +547,13 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     while emitted < max_tokens:
         # Never verify more than can be emitted: a cycle commits at most `size` new tokens.
         size = min(block_size, max_tokens - emitted)
+        paused = pacer.paused
+        if paused:
+            size = proposer.paused_size(size)
+        elif pacer.deferred:  # the paused steps' features, in one projection
+            proposer.append_context(mx.concatenate(pacer.take_deferred(), axis=1))
         clock = PhaseClock(sync_phases)
+        pacer.begin()
         if sampler is None:
             verify_in = proposer.propose(staged, size, position)
         else:
@@ -555,7 +572,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         values = commit_values(verify_in, accepted, following, proposer.took_repeat)
         verify_s = clock.lap(values)
-        prefetching = proposer.plan.prefetch and sampler is None
+        prefetching = proposer.plan.prefetch and sampler is None and not paused
         if prefetching:  # queued after the values: the sync below does not wait for it
             proposer.prefetch(taps, accepted, following, block_size)
 
@@ -565,16 +582,19 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         target.rollback(cache, keep=keep, verified=size)
         if prefetching:
             proposer.settle(keep)
+        elif paused:
+            pacer.deferred.append(taps[:, :keep])
         else:
             proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
+        pacer.end(len(tokens), plain=paused and size == 1)
 
         staged = tokens[-1]
         emitted += len(tokens)
         position += a + 1
         proposer.observe(tokens)
         yield Commit(tokens, a, CycleStats(index, size, a, draft_s, verify_s, rollback_s,
-                                           looked_up))
+                                           looked_up, paused))
         if stop is not None:
             return
         index += 1

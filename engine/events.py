@@ -27,6 +27,7 @@ class CycleStats:
     verify_s: float
     rollback_s: float
     looked_up: bool = False  # proposed by the suffix lookup (engine/lookup.py), not the draft
+    paused: bool = False  # speculation paused (engine/pause.py): the target alone, or a lookup
 
     @property
     def committed(self) -> int:
@@ -51,6 +52,9 @@ class RunningStats:
     speculative: bool
     cached_tokens: int = 0  # prompt tokens resumed from the conversation cache, not prefilled
     lookup_cycles: int = 0  # cycles the suffix lookup proposed (the draft the others)
+    paused: bool = False  # speculation is paused now: the draft was not paying (pause.py)
+    pauses: int = 0  # times this reply paused speculation so far
+    paused_tokens: int = 0  # tokens decoded while paused (the target alone)
 
     @property
     def tokens_per_second(self) -> float:
@@ -106,6 +110,9 @@ class GenerationResult:
     cycle_profile: dict[str, float] = field(default_factory=dict)  # summed seconds by phase
     cached_tokens: int = 0  # prompt tokens resumed from the conversation cache (0: fresh)
     lookup_cycles: int = 0  # cycles the suffix lookup proposed (the draft the others)
+    pauses: int = 0  # times speculation paused (engine/pause.py: the draft was not paying)
+    paused_tokens: int = 0  # tokens decoded while paused (the target alone, or lookups)
+    pause_reason: str | None = None  # why it last paused (tokens/cycle vs cycle cost)
 
     @property
     def total_tokens(self) -> int:

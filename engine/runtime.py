@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import device
-from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DFlashConfig
+from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, PREFILL_CHUNK, DFlashConfig
 from .cycle import Commit, DraftProposer, prefill, speculative_decode
 from .draft import DFlashDraft
 from .draft_head import DraftHead, build_draft_head
@@ -18,13 +18,14 @@ from .errors import ConfigError, PromptError
 from .events import Finished, GenerationResult, RunningStats, Span
 from .kernels import cuda_attention
 from .loading import Progress, load_draft, load_target, quantization, stream_bytes_exactly
+from .pause import Pacer
 from .plan import Plan, make_plan
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
 from .sampling import Sampler, SamplingParams
 from .targets import adapter_for
 from .targets.base import TargetAdapter
-from .verify_lengths import load_or_measure
+from .verify_lengths import load_or_measure, plain_step_s
 
 if TYPE_CHECKING:
     from .distributed import Lockstep
@@ -37,6 +38,8 @@ def peak_memory() -> int:
 
 
 class DFlashRuntime:
+    prefill_chunk = PREFILL_CHUNK  # prompts are prefilled in chunks of this many tokens
+
     def __init__(self, model: nn.Module, tokenizer: Any, draft: DFlashDraft | None,
                  config: DFlashConfig | None = None, target_id: str = "target",
                  draft_id: str = "draft", target: TargetAdapter | None = None,
@@ -63,6 +66,9 @@ class DFlashRuntime:
         self.target.launch_every = self.plan.stream_every
         taps = draft.args.target_layer_ids if draft is not None else ()
         self.target.warm_up(self.plan.block_size, taps)  # kernels compile here, not mid-reply
+        # A plain step's cost, the pacer's start (engine/pause.py); None: no pausing
+        self.step_s = (plain_step_s(self.target, taps) if draft is not None and lockstep is None
+                       and self.config.pause_speculation else None)
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)
@@ -189,10 +195,12 @@ class DFlashRuntime:
         use_draft = speculative and fallback is None
         mx.reset_peak_memory()
         reuse: list[PromptState] = []  # filled on the first next(): the state it resumed
+        pacer = None
         if use_draft:
             stop_ids = () if no_eos else frozenset(self.tokenizer.eos_token_ids)
+            pacer = Pacer(self.step_s, enabled=self.step_s is not None)
             commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse,
-                                        stop_ids)
+                                        stop_ids, pacer)
         else:
             commits = self._plain(ids, max_tokens, sampler, reuse)
         if self.lockstep is not None:  # what the followers run (distributed.follow)
@@ -201,7 +209,7 @@ class DFlashRuntime:
                        "profile": profile, **vars(params)}
             commits = self.lockstep.gated(commits, request)
         return self._spans(commits, ids, max_tokens, no_eos, use_draft, fallback, block_size,
-                           reuse)
+                           reuse, pacer)
 
     def _resume(self, ids: list[int], use_draft: bool, reuse: list[PromptState]
                 ) -> PromptState:
@@ -221,7 +229,8 @@ class DFlashRuntime:
 
     def _speculative(self, ids: list[int], max_tokens: int, block_size: int, profile: bool,
                      sampler: Sampler | None, reuse: list[PromptState],
-                     stop_ids: Collection[int] = ()) -> Iterator[Commit]:
+                     stop_ids: Collection[int] = (), pacer: Pacer | None = None
+                     ) -> Iterator[Commit]:
         # Run on the first next(), so the timings (ttft) count the draft head and the prefill.
         head = build_draft_head(self.target, self.token_ranking, self.plan.draft_vocab, ids)
         state = self._resume(ids, True, reuse)
@@ -232,14 +241,18 @@ class DFlashRuntime:
             # snapshot there (a regenerate resumes at that point). Attention caches are cut
             # instead, sparing short prompts a second forward.
             if len(todo) > 1:
-                prefill(self.target, state.cache, todo[:-1], self.config.prefill_chunk,
+                prefill(self.target, state.cache, todo[:-1], self.prefill_chunk,
                         proposer)
             state.mark(len(ids) - 1)
             todo = todo[-1:]
-        yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
-                                      self.config.prefill_chunk, cache=state.cache,
-                                      sync_phases=profile, sampler=sampler,
-                                      stop_ids=stop_ids)
+        try:
+            yield from speculative_decode(self.target, proposer, todo, max_tokens, block_size,
+                                          self.prefill_chunk, cache=state.cache,
+                                          sync_phases=profile, sampler=sampler,
+                                          stop_ids=stop_ids, pacer=pacer)
+        finally:  # a reply ending paused: the draft's context in step, for the next turn
+            if pacer is not None and pacer.deferred:
+                proposer.append_context(mx.concatenate(pacer.take_deferred(), axis=1))
 
     def _plain(self, ids: list[int], max_tokens: int, sampler: Sampler | None,
                reuse: list[PromptState]) -> Iterator[Commit]:
@@ -252,7 +265,7 @@ class DFlashRuntime:
             if done == total - 1:
                 state.mark(start + done)
 
-        yield from plain_decode(self.target, ids[start:], max_tokens, self.config.prefill_chunk,
+        yield from plain_decode(self.target, ids[start:], max_tokens, self.prefill_chunk,
                                 sampler, cache=state.cache, progress=progress)
 
     def _keep(self, reuse: list[PromptState], held: list[int]) -> None:
@@ -267,7 +280,8 @@ class DFlashRuntime:
 
     def _spans(self, commits: Iterator[Commit], ids: list[int], max_tokens: int, no_eos: bool,
                use_draft: bool, fallback: str | None, block_size: int,
-               reuse: list[PromptState]) -> Iterator[Span | Finished]:
+               reuse: list[PromptState], pacer: Pacer | None = None
+               ) -> Iterator[Span | Finished]:
         stop_ids = set() if no_eos else set(self.tokenizer.eos_token_ids)
         detok = self.tokenizer.detokenizer
         detok.reset()
@@ -301,7 +315,7 @@ class DFlashRuntime:
                         profile[phase] += getattr(commit.cycle, f"{phase}_s")
                 cached = reuse[0].cached if reuse else 0
                 stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, now,
-                                    use_draft, cached, lookup_cycles)
+                                    use_draft, cached, lookup_cycles, pacer)
                 if new:
                     yield Span(tuple(new), n_draft, text, draft_text, stats, commit.cycle)
                 if finish == "stop" or len(tokens) >= max_tokens:
@@ -321,7 +335,7 @@ class DFlashRuntime:
         first_at = first_at or end
         if tail:
             stats = self._stats(ids, tokens, len(cycle_tokens), start, first_at, end, use_draft,
-                                cached, lookup_cycles)
+                                cached, lookup_cycles, pacer)
             yield Span((), 0, tail, "", stats, None)
         result = GenerationResult(
             text=self.tokenizer.decode(tokens), tokens=tokens, prompt_tokens=len(ids),
@@ -329,13 +343,14 @@ class DFlashRuntime:
             block_size=block_size, elapsed_s=end - start, prefill_s=first_at - start,
             ttft_s=first_at - start, decode_s=end - first_at, peak_memory_bytes=peak_memory(),
             cycle_tokens=cycle_tokens, cycle_profile=profile, cached_tokens=cached,
-            lookup_cycles=lookup_cycles,
+            lookup_cycles=lookup_cycles, **pause_stats(pacer),
+            pause_reason=pacer.reason if pacer is not None else None,
         )
         yield Finished(result)
 
     def _stats(self, ids: list[int], tokens: list[int], cycles: int, start: float,
                first_at: float, now: float, use_draft: bool, cached: int = 0,
-               lookup_cycles: int = 0) -> RunningStats:
+               lookup_cycles: int = 0, pacer: Pacer | None = None) -> RunningStats:
         prefill_s = first_at - start
         prefilled = len(ids) - cached  # tokens actually run through the target
         return RunningStats(
@@ -344,7 +359,8 @@ class DFlashRuntime:
             prefill_tokens_per_second=prefilled / prefill_s if prefill_s > 0 else 0.0,
             ctx_used=len(ids) + len(tokens), max_ctx=self.config.max_ctx,
             peak_memory_bytes=peak_memory(), speculative=use_draft, cached_tokens=cached,
-            lookup_cycles=lookup_cycles,
+            lookup_cycles=lookup_cycles, paused=pacer is not None and pacer.paused,
+            **pause_stats(pacer),
         )
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, no_eos: bool = False,
@@ -359,6 +375,13 @@ class DFlashRuntime:
             if isinstance(event, Finished):
                 return event.result
         raise RuntimeError("stream ended without a result")  # pragma: no cover
+
+
+def pause_stats(pacer: Pacer | None) -> dict[str, int]:
+    """How often a reply paused speculation, and the tokens it decoded paused."""
+    if pacer is None:
+        return {"pauses": 0, "paused_tokens": 0}
+    return {"pauses": pacer.pauses, "paused_tokens": pacer.paused_tokens}
 
 
 def _add(detok: Any, tokens: list[int]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,12 +53,13 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     rollback) for 1..size tokens after `context` tokens, `rounds` each: samples[T - 1].
     Lengths alternate within each round, so a slow moment spreads over all of them."""
     cache = target.make_cache()
-    prefill(target, cache, [(7 * i + 11) % 997 + 3 for i in range(context)], context)
+    m = min(997, target.vocab_size - 3)  # token ids 3.. within the vocabulary
+    prefill(target, cache, [(7 * i + 11) % m + 3 for i in range(context)], context)
     samples: list[list[float]] = [[] for _ in range(size)]
     for round_index in range(rounds + 1):  # the first round compiles and warms the BLAS
         order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
         for tokens in order:
-            ids = mx.array([[(13 * i + 5) % 997 + 3 for i in range(tokens)]])
+            ids = mx.array([[(13 * i + 5) % m + 3 for i in range(tokens)]])
             target.begin_verify(cache)
             start = time.perf_counter()
             logits, taps = target.forward(ids, cache, tap_ids)
@@ -67,6 +69,13 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
             if round_index:
                 samples[tokens - 1].append(time.perf_counter() - start)
     return samples
+
+
+def plain_step_s(target: TargetAdapter, tap_ids: Sequence[int], rounds: int = 5) -> float:
+    """Seconds of a plain decoding step as the loop takes one (a 1-token verify forward
+    after CONTEXT tokens), the median of `rounds`: where the pacer (engine/pause.py) starts,
+    before it times its own."""
+    return statistics.median(timings(target, tap_ids, 1, rounds, CONTEXT)[0])
 
 
 def padded_lengths(costs: Sequence[float], tolerance: float = TOLERANCE) -> tuple[int, ...]:

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     key = (suite, prompt.id)
                     if key not in plain:
                         plain[key] = run_baseline(base.model, rt.encode(messages),
-                                                  args.max_tokens, config.prefill_chunk,
+                                                  args.max_tokens, rt.prefill_chunk,
                                                   base.tokenizer).tokens
                     bad = first_mismatch(plain[key], list(result.tokens))
                     run.update(token_match=bad is None, first_mismatch=bad)

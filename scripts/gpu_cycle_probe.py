@@ -370,9 +370,9 @@ def cycle_part(rt: Any, max_tokens: int, prompts: list[str]) -> dict:
     out: dict = {}
     encoded = [rt.encode([{"role": "user", "content": p}]) for p in prompts]
     rt.generate(encoded[0], max_tokens=8, no_eos=True)  # warm-up, both sides
-    run_baseline(rt.model, encoded[0], 8, rt.config.prefill_chunk)
+    run_baseline(rt.model, encoded[0], 8, rt.prefill_chunk)
     for n, ids in enumerate(encoded):
-        base = run_baseline(rt.model, ids, max_tokens, rt.config.prefill_chunk)
+        base = run_baseline(rt.model, ids, max_tokens, rt.prefill_chunk)
         row: dict = {"prompt_tokens": len(ids),
                      "baseline_decode_tok_s": base.decode_tokens_per_second,
                      # a sanity check of the precision: readable text, not an overflow's

@@ -43,3 +43,13 @@ def tiny_dflash2(tmp_path_factory):
         return cache[family, name]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def untimed_runtimes(monkeypatch):
+    """Pausing speculation (engine/pause.py) decides on wall-clock timings, which no test may
+    depend on: runtimes built in tests start with no plain step's cost, so their pacer is
+    off. Tests of pausing drive a pacer with a fake clock (tests/test_pause.py: `paced`)."""
+    import engine.runtime
+
+    monkeypatch.setattr(engine.runtime, "plain_step_s", lambda *args, **kwargs: None)

@@ -50,7 +50,7 @@ def baseline_steps(rt, ids, n):
     """(top-1, top-2, gap) of the baseline's own decoding at each of n tokens."""
     rows = []
     for _, logprobs in generate_step(mx.array(ids), rt.model, max_tokens=n,
-                                     prefill_step_size=rt.config.prefill_chunk):
+                                     prefill_step_size=rt.prefill_chunk):
         lp = logprobs.astype(mx.float32)
         second, first = mx.argsort(lp)[-2:].tolist()
         rows.append((first, second, (lp[first] - lp[second]).item()))

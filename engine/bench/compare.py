@@ -104,7 +104,7 @@ def baseline(rt: Any, ids: list[int], opts: Options, k: int | None = None) -> Si
                                min_p=s["min_p"], top_k=s["top_k"])
         mx.random.seed(s["seed"] or 0)  # mlx-lm draws from MLX's global generator
     spec = {} if k is None else {"draft_model": opts.ar_draft, "num_draft_tokens": k}
-    return run_baseline(rt.model, ids, opts.max_tokens, rt.config.prefill_chunk,
+    return run_baseline(rt.model, ids, opts.max_tokens, rt.prefill_chunk,
                         None if opts.no_eos else rt.tokenizer, sampler, **spec)
 
 
@@ -210,7 +210,7 @@ def bench_prompt(rt: Any, prompt: BenchPrompt, opts: Options, repeat: int,
     if opts.greedy and bad is not None:
         i = next(i for i, m in enumerate(mismatches) if m is not None)
         found = divergence(rt.model, ids, bases[i].tokens, flashes[i].tokens,
-                           rt.config.prefill_chunk)
+                           rt.prefill_chunk)
     return {
         "prompt_id": prompt.id,
         "prompt_preview": prompt.text[:80],
@@ -257,7 +257,7 @@ def ar_row(rt: Any, ids: list[int], bases: list[Side], sides: list[Side],
     mismatch = first_mismatch(bases[0].tokens, sides[0].tokens) if opts.greedy else None
     row["token_match"] = None if not opts.greedy else mismatch is None
     row["divergence"] = (divergence(rt.model, ids, bases[0].tokens, sides[0].tokens,
-                                    rt.config.prefill_chunk) if mismatch is not None else None)
+                                    rt.prefill_chunk) if mismatch is not None else None)
     return row
 
 
@@ -412,7 +412,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
                      "no_eos": no_eos, "warmup": warmup, "greedy": opts.greedy,
                      "sampling": None if opts.greedy else opts.sampling,
-                     "prefill_step": rt.config.prefill_chunk,
+                     "prefill_step": rt.prefill_chunk,
                      "block_size": rt.plan.block_size, "max_ctx": rt.config.max_ctx,
                      "sync_phases": profile,
                      "min_draft_confidence": None if oracle else rt.plan.min_confidence,

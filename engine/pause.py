@@ -1,0 +1,139 @@
+"""Pausing speculation where the draft does not pay: the target alone, then a probe now and then.
+
+A cycle costs a draft forward and a verify; plain decoding costs one 1-token target step per
+token. Speculation pays where a cycle's tokens exceed its cost in plain steps. The decode loop
+(engine/cycle.py) asks a `Pacer` once per cycle whether to speculate, and tells it what the
+cycle cost and committed. Over the last WINDOW speculative cycles the pacer estimates the
+speed-up, tokens per cycle over a cycle's cost in plain steps (mean tokens x the median plain
+step / the median cycle: one stalled cycle on a shared machine does not pause a reply);
+below 1 it pauses: the loop then decodes with the target alone, one token a step (no draft
+forward, no wide verify: the same computation as plain decoding, so the output is the same),
+and times those steps. After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative
+cycles, judged with the steps it just timed. A probe that pays resumes speculation (and the
+back-off starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF.
+
+Before any step of its own is timed, the pacer uses `step_s`, the runtime's measurement of a
+1-token verify at load (`verify_lengths.measure`): it is taken at a short context, so at long
+ones it can make a pause that the first probe, judged with steps timed at that length, undoes.
+
+Switching never changes the output: greedy, every token is the target's argmax either way;
+sampled, a plain step draws from the target's processed distribution and a cycle keeps it by
+speculative sampling, whichever a cycle does (a choice made before the cycle's draws). What
+the pacer decides depends on timings, so a seeded sampled reply repeats only where its pauses
+fall on the same cycles (`--pause off` for replies that must repeat exactly). Pure Python: the
+clock is injectable, so tests drive it without timing anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+WINDOW = 8  # speculative cycles a verdict reads
+PROBE = 4  # speculative cycles a probe runs before its verdict
+FIRST_BACKOFF = 16  # tokens decoded by the target alone before the first probe
+MAX_BACKOFF = 256  # the back-off doubles while probes fail, up to this
+# The sidebar's, /metrics' and the result's words for why a reply paused
+REASON = "draft not paying"
+
+
+class Pacer:
+    """Whether each cycle speculates, from the recent cycles' measured cost and tokens and a
+    plain step's measured cost. `enabled=False`: always speculate (and count nothing)."""
+
+    def __init__(self, step_s: float | None = None, enabled: bool = True,
+                 clock: Callable[[], float] = time.perf_counter, window: int = WINDOW,
+                 probe: int = PROBE, first_backoff: int = FIRST_BACKOFF,
+                 max_backoff: int = MAX_BACKOFF) -> None:
+        self.enabled = enabled
+        self.prior = step_s  # a plain step's cost before any is timed here; None: unknown
+        self.clock = clock
+        self.window, self.probe = window, probe
+        self.first_backoff, self.max_backoff = first_backoff, max_backoff
+        self.cycles: deque[tuple[float, int]] = deque(maxlen=window)  # (seconds, tokens)
+        self.steps: deque[float] = deque(maxlen=window)  # plain steps' seconds, while paused
+        self.backoff = first_backoff
+        self.left = 0  # tokens the target decodes alone before the next probe; 0: speculating
+        self.judge_in = window  # speculative cycles until the next verdict
+        self.pauses = 0  # how many times this reply paused
+        self.paused_tokens = 0  # tokens committed while paused
+        self.probes = 0  # probes run (each after a back-off)
+        self.probing = False  # the cycles since the last back-off are a probe, not yet judged
+        self.reason: str | None = None  # why the last pause happened (None: never paused)
+        # Paused cycles' tapped target features (opaque here): the loop adds them to the
+        # draft's context in one go when the draft next runs, or the reply ends
+        self.deferred: list[Any] = []
+        self._started = 0.0
+
+    @property
+    def paused(self) -> bool:
+        """Whether the next cycle decodes with the target alone."""
+        return self.left > 0
+
+    def take_deferred(self) -> list[Any]:
+        """The deferred features, in order; none are left."""
+        taken, self.deferred = self.deferred, []
+        return taken
+
+    def begin(self) -> None:
+        """A cycle starts (its cost runs from here to `end`)."""
+        self._started = self.clock()
+
+    def end(self, tokens: int, plain: bool) -> None:
+        """The cycle that `begin` started committed `tokens`; `plain`: it was a 1-token step
+        of the target alone (a paused cycle that the suffix lookup proposed is neither that
+        nor a speculative cycle: it counts towards the back-off only)."""
+        cost = self.clock() - self._started
+        if not self.enabled:
+            return
+        if self.paused:
+            if plain:
+                self.steps.append(cost)
+            self.paused_tokens += tokens
+            self.left = max(self.left - tokens, 0)
+            if not self.left:  # the back-off is over: probe
+                self.probes += 1
+                self.probing = True
+                self.cycles.clear()
+                self.judge_in = self.probe
+            return
+        self.cycles.append((cost, tokens))
+        self.judge_in -= 1
+        if self.judge_in > 0:
+            return
+        speedup = self.speedup()
+        probing, self.probing = self.probing, False
+        self.judge_in = 1  # from here on, a verdict after every cycle
+        if speedup is None or speedup >= 1.0:
+            if probing:
+                self.backoff = self.first_backoff  # the probe paid: a later pause starts over
+            return
+        # Not paying: pause. A failed probe doubles the back-off; a fresh pause starts short.
+        self.backoff = min(self.backoff * 2, self.max_backoff) if probing else self.first_backoff
+        self.left = self.backoff
+        self.pauses += 1
+        self.reason = (f"{REASON}: {self.tokens_per_cycle():.2f} tokens/cycle at "
+                       f"{self.cycle_steps():.2f} plain steps a cycle")
+
+    def step_s(self) -> float | None:
+        """A plain step's cost: the median of those timed while paused, else the prior."""
+        return statistics.median(self.steps) if self.steps else self.prior
+
+    def tokens_per_cycle(self) -> float:
+        return statistics.fmean(t for _, t in self.cycles) if self.cycles else 0.0
+
+    def cycle_steps(self) -> float:
+        """The recent cycles' median cost in plain steps (0: unknown)."""
+        step = self.step_s()
+        if not self.cycles or not step:
+            return 0.0
+        return statistics.median(c for c, _ in self.cycles) / step
+
+    def speedup(self) -> float | None:
+        """The recent cycles' expected speed-up over plain decoding: tokens per cycle over a
+        cycle's cost in plain steps. None: no plain step's cost is known."""
+        steps = self.cycle_steps()
+        return self.tokens_per_cycle() / steps if steps else None

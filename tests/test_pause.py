@@ -1,0 +1,218 @@
+"""Pausing speculation (engine/pause.py): the pacer's decisions on a fake clock, and the decode
+loop paused and resumed on the tiny pairs with the same tokens as plain decoding.
+
+No test here times anything: the pacer's clock is a counter that the tests advance by a cost
+model (a target forward costs 1, a draft forward DRAFT_COST), so every decision is the same
+on every machine."""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import pytest
+from tiny_pairs import TruthOracle, plain_greedy
+
+import engine.runtime
+from engine import DFlashConfig, DFlashRuntime
+from engine.cycle import DraftProposer, prefill
+from engine.pause import FIRST_BACKOFF, MAX_BACKOFF, PROBE, REASON, WINDOW, Pacer
+
+DRAFT_COST = 0.5  # a draft forward, in target forwards (a GPU-like cost model)
+
+
+class Clock:
+    """A pacer's clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charging(self, fn, cost: float):
+        """`fn`, advancing the clock by `cost` on each call."""
+
+        def charged(*args, **kwargs):
+            self.now += cost
+            return fn(*args, **kwargs)
+
+        return charged
+
+
+def run(pacer: Pacer, clock: Clock, cycles) -> list[bool]:
+    """Feed (cost, tokens) per cycle; a paused cycle is a plain step (cost 1, 1 token) whatever
+    is given. -> whether each cycle ran paused."""
+    paused = []
+    for cost, tokens in cycles:
+        paused.append(pacer.paused)
+        pacer.begin()
+        clock.now += 1.0 if pacer.paused else cost
+        pacer.end(1 if pacer.paused else tokens, plain=pacer.paused)
+    return paused
+
+
+def test_a_draft_that_never_pays_pauses_with_a_doubling_back_off():
+    clock = Clock()
+    pacer = Pacer(step_s=1.0, clock=clock)
+    paused = run(pacer, clock, [(1.5, 1)] * 2000)  # 1 token a cycle at 1.5 steps: 0.67x
+    runs, n = [], 0  # lengths of the paused stretches
+    for was, now in zip([False] + paused, paused + [False]):
+        n = n + 1 if now else n
+        if was and not now:
+            runs.append(n)
+            n = 0
+    assert paused[:WINDOW] == [False] * WINDOW and paused[WINDOW]  # a full window, then pause
+    want = [min(FIRST_BACKOFF * 2 ** i, MAX_BACKOFF) for i in range(len(runs))]
+    assert runs[:-1] == want[:-1] and len(runs) > 6  # 16, 32, ... 256, 256
+    assert paused[WINDOW + FIRST_BACKOFF: WINDOW + FIRST_BACKOFF + PROBE] == [False] * PROBE
+    assert pacer.pauses == len(runs) and pacer.paused_tokens == sum(paused)
+    assert pacer.reason.startswith(REASON) and "1.00 tokens/cycle at 1.50 plain steps" in \
+        pacer.reason
+
+
+def test_a_probe_that_pays_resumes_and_the_back_off_starts_over():
+    clock = Clock()
+    pacer = Pacer(step_s=1.0, clock=clock)
+    bad, good = [(1.5, 1)], [(1.5, 4)]
+    # pause (16), fail a probe (32), then the draft agrees: the next probe pays
+    paused = run(pacer, clock, bad * (WINDOW + FIRST_BACKOFF + PROBE + 2 * FIRST_BACKOFF)
+                 + good * 50)
+    assert not any(paused[-40:]) and pacer.pauses == 2 and pacer.probes == 2
+    assert pacer.backoff == FIRST_BACKOFF  # reset by the paying probe
+    paused = run(pacer, clock, bad * WINDOW)  # bad again: a short pause, not a long one
+    assert paused == [False] * 7 + [True]  # 7 of the 8 cycles bad: 1.375 tokens at 1.5 steps
+    assert pacer.left == FIRST_BACKOFF - 1
+
+
+def test_a_paying_draft_never_pauses_and_one_stall_does_not_pause_it():
+    clock = Clock()
+    pacer = Pacer(step_s=1.0, clock=clock)
+    cycles = [(1.2, 3)] * 7 + [(40.0, 3)] + [(1.2, 3)] * 100  # one cycle stalls 33x
+    assert not any(run(pacer, clock, cycles))
+    assert pacer.pauses == 0 and pacer.reason is None
+    assert pacer.speedup() == pytest.approx(3 / 1.2)
+
+
+def test_without_a_plain_step_cost_or_when_off_it_never_pauses():
+    for pacer in (Pacer(step_s=None, clock=Clock()), Pacer(step_s=1.0, enabled=False,
+                                                          clock=Clock())):
+        assert not any(run(pacer, pacer.clock, [(9.0, 1)] * 200))
+
+
+def test_timed_plain_steps_replace_the_prior():
+    """A prior that undervalues a plain step pauses a draft that pays; the first probe,
+    judged with the steps timed while paused, resumes it for good."""
+    clock = Clock()
+    pacer = Pacer(step_s=0.5, clock=clock)  # the truth: a step costs 1 (run's plain steps)
+    paused = run(pacer, clock, [(1.2, 1.5)] * 200)  # 1.25x in truth, 0.62x by the prior
+    assert paused[WINDOW] and pacer.pauses == 1 and not any(paused[WINDOW + FIRST_BACKOFF:])
+    assert pacer.step_s() == 1.0
+
+
+# -- the decode loop on the tiny pairs ---------------------------------------------------------
+class Switching(TruthOracle):
+    """Proposes the target's continuation wrong at its first slot until `position` reaches
+    `right_from`, then right; a draft forward costs DRAFT_COST on `clock`. Uses the runtime's
+    draft cache, so the runtime keeps its state after the reply."""
+
+    def __init__(self, rt, truth, right_from, clock, cache):
+        DraftProposer.__init__(self, rt.target, rt.draft, None, rt.plan, cache)
+        self.truth, self.right_from, self.clock = truth, right_from, clock
+
+    def propose(self, staged, size, position):
+        if size > 1:
+            self.clock.now += DRAFT_COST
+        self.error_at = None if position >= self.right_from else 0
+        return super().propose(staged, size, position)
+
+
+@pytest.fixture
+def paced(tiny_pairs, monkeypatch):
+    """-> (runtime on the tiny llama pair with whole blocks and no lookup, whose pacer runs on
+    a Clock that target forwards advance by 1, the clock, a proposer factory
+    `use(truth, right_from)`, the proposers made)."""
+    target, draft = tiny_pairs("llama")
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
+        min_draft_confidence=None, lookup_min_match=None))
+    clock = Clock()
+    rt.step_s = 1.0  # the prior: a plain step costs one target forward
+    rt.target.forward = clock.charging(rt.target.forward, 1.0)
+    monkeypatch.setattr(engine.runtime, "Pacer", functools.partial(Pacer, clock=clock))
+    made = []
+
+    def use(truth, right_from):
+        def make(head, cache, context):
+            made.append(Switching(rt, truth, right_from, clock, cache))
+            return made[-1]
+
+        rt.make_proposer = make
+
+    return rt, clock, use, made
+
+
+@pytest.mark.parametrize("agrees_after", [40, None])
+def test_a_draft_that_never_agrees_pauses_with_plain_output_and_resumes_when_it_does(
+        paced, agrees_after):
+    rt, clock, use, made = paced
+    ids = rt.encode("The quick brown fox jumps over the lazy dog.")
+    n = 150 if agrees_after is not None else 120  # the latter ends in the third pause
+    want = plain_greedy(rt.model, ids, n)
+    truth = ids + want
+    use(truth, len(ids) + agrees_after if agrees_after is not None else 10 ** 9)
+    spans = list(rt.stream_generate(ids, max_tokens=n, no_eos=True))
+    result = spans[-1].result
+    assert result.tokens == want  # paused or not, plain greedy's tokens
+    cycles = [s.cycle for s in spans[:-1] if s.cycle is not None]
+    assert not any(c.paused for c in cycles[:WINDOW]) and cycles[WINDOW].paused
+    assert all(c.block_size == 1 for c in cycles if c.paused)  # the target alone
+    assert result.pauses >= 2 and result.paused_tokens >= FIRST_BACKOFF * 3
+    assert result.pause_reason.startswith(REASON)
+    assert any(s.stats.paused for s in spans[:-1])
+    if agrees_after is not None:  # the second probe finds the draft right: resumed for good
+        assert result.pauses == 2
+        tail = [c for c in cycles if c.index > cycles[-1].index - 5]
+        assert not any(c.paused for c in tail) and min(c.committed for c in tail[:-1]) > 1
+    else:
+        assert cycles[-1].paused  # it ended paused: the deferred context was flushed
+    # The draft's context holds every fed token's features, as a plain prefill leaves it
+    fed = ids + result.tokens[:-1]
+    ref = DraftProposer(rt.target, rt.draft)
+    prefill(rt.target, rt.target.make_cache(), fed, 512, ref)
+    for got, want_c in zip(made[-1].cache, ref.cache, strict=True):
+        assert got.offset == want_c.offset == len(fed)
+        for a, b in zip(got.keys_and_values(), want_c.keys_and_values(), strict=True):
+            assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
+
+
+def test_paused_sampling_repeats_a_seed_when_the_pauses_repeat(paced, monkeypatch):
+    """Sampled at a low temperature, the tiny pair's random draft rarely agrees: the reply
+    pauses, and with the same timings (the fake clock) the same seed gives the same tokens."""
+    rt, clock, _, _ = paced
+    monkeypatch.setattr(DraftProposer, "block_logits",
+                        clock.charging(DraftProposer.block_logits, DRAFT_COST))
+    ids = rt.encode("What is 12 times 7?")
+    first = rt.generate(ids, 60, no_eos=True, temperature=0.1, seed=3)
+    again = rt.generate(ids, 60, no_eos=True, temperature=0.1, seed=3)
+    assert first.pauses >= 1 and first.paused_tokens > 0
+    assert first.tokens == again.tokens and len(first.tokens) == 60
+
+
+def test_the_config_and_the_flag_turn_pausing_off(tiny_pairs, monkeypatch, capsys):
+    import argparse
+
+    from engine.config import add_engine_args, config_from_args
+    from engine.errors import ConfigError
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert config_from_args(p.parse_args([])).pause_speculation is True
+    assert config_from_args(p.parse_args(["--pause", "off"])).pause_speculation is False
+    with pytest.raises(ConfigError, match="pause_speculation"):
+        DFlashConfig(pause_speculation="yes")
+    monkeypatch.setattr(engine.runtime, "plain_step_s", lambda *a, **k: 1.0)
+    target, draft = tiny_pairs("llama")
+    on = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft))
+    off = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
+                                        config=DFlashConfig(pause_speculation=False))
+    assert on.step_s == 1.0 and off.step_s is None  # None: the pacer is off
