@@ -50,7 +50,9 @@ def worker(args: argparse.Namespace) -> int:
 
     prompts = {suite: load_prompts(suite=suite, limit=args.limit)[0] for suite in args.suite}
     rt = DFlashRuntime.from_pretrained(args.model, args.draft, DFlashConfig(prompt_cache_bytes=0))
-    opts = Options(max_tokens=args.max_tokens)
+    sampling = ({"temperature": args.temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                 "seed": args.seed} if args.temperature else {})
+    opts = Options(max_tokens=args.max_tokens, sampling=sampling)
     if args.no_baseline:  # compilation and allocation outside the timed runs
         run_dflash(rt, encode(rt, prompts[args.suite[0]][0]), opts)
     else:
@@ -90,6 +92,7 @@ def start(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen
             "--max-tokens", str(args.max_tokens), "--limit", str(args.limit),
             "--repeat", str(args.repeat), *[a for s in args.suite for a in ("--suite", s)]]
     argv += ["--no-baseline"] if args.no_baseline else []
+    argv += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     argv += ["--model", args.model] if args.model else []
     argv += ["--draft", args.draft] if args.draft else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -131,14 +134,20 @@ def summary(rows: dict[str, list[dict]], names: list[str]) -> dict:
             "tokens_per_cycle_mean": mean([f["tokens_per_cycle"] for f in flash]),
             "tokens_per_cycle_nonloop_mean": mean([f["tokens_per_cycle_nonloop"] for f in flash]),
             "repeat4_share_mean": mean([r["repeat4_share"] for r in runs]),
+            # pausing (engine/pause.py); absent where the checkout has none
+            "pauses": sum(f.get("pauses", 0) for f in flash),
+            "paused_tokens": sum(f.get("paused_tokens", 0) for f in flash),
+            "generated_tokens": sum(f["generated_tokens"] for f in flash),
         }
         if "baseline" in runs[0]:  # dflash benchmark's whole row
             out[name].update({
                 "baseline_tokens_per_second_median": median(
                     [r["baseline"]["tokens_per_second"] for r in runs]),
                 "speedup_median": median([r["speedup"] for r in runs]),
+                "speedup_min": min(r["speedup"] for r in runs),
+                "speedup_min_prompt": min(runs, key=lambda r: r["speedup"])["prompt_id"],
                 "cycle_cost_steps_median": median([r.get("cycle_cost_steps") for r in runs]),
-                "token_match": all(r["token_match"] for r in runs)})
+                "token_match": all(r["token_match"] is not False for r in runs)})
     a, b = (rows[n] for n in names)
     ratios: dict[str, Any] = {"dflash_tokens_per_second_ratio_median": median(
         [y["dflash"]["tokens_per_second"] / x["dflash"]["tokens_per_second"]
@@ -148,6 +157,8 @@ def summary(rows: dict[str, list[dict]], names: list[str]) -> dict:
                                                  for x, y in zip(a, b)])
     else:
         ratios["same_tokens"] = all(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+    if "baseline" in a[0]:  # each side's DFlash over its own mlx-lm run, the worst prompt
+        ratios["dflash_over_mlx_lm_min"] = {n: out[n]["speedup_min"] for n in names}
     out[f"{names[1]}_over_{names[0]}"] = ratios
     return out
 
@@ -165,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", help="draft id or folder")
     p.add_argument("--no-baseline", action="store_true",
                    help="time DFlash alone (no mlx-lm run per prompt); rows keep their tokens")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature (both sides, mlx-lm too; top_p 1); 0: greedy")
+    p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -203,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                       for name, folder in sides},
         "environment": ready[names[1]]["environment"],
         "settings": {"max_tokens": args.max_tokens, "limit": args.limit,
-                     "repeat": args.repeat, "greedy": True, "pick": "spread",
+                     "repeat": args.repeat, "greedy": not args.temperature,
+                     "temperature": args.temperature,
+                     "seed": args.seed if args.temperature else None, "pick": "spread",
                      "baseline": not args.no_baseline,
                      "order": "alternating: even positions run the first checkout first"},
         "summary": {"all": summary(everything, names),

@@ -165,6 +165,9 @@ def cycle_json(results: list[Any]) -> dict:
         "block_size": first.block_size,
         "cycles": first.cycles,
         "lookup_cycles": first.lookup_cycles,
+        "pauses": first.pauses,  # speculation paused (engine/pause.py), and for how long
+        "paused_tokens": first.paused_tokens,
+        "pause_reason": first.pause_reason,
         "acceptance_rate": first.acceptance_rate,
         "tokens_per_cycle": first.tokens_per_cycle,
         "tokens_per_cycle_nonloop": nonloop_tokens_per_cycle(first.cycle_tokens, start),
