@@ -111,7 +111,9 @@ class FakeBackend:
     `delay` sleeps between spans (to test streaming and cancellation); `reply` overrides the
     text; `load_error`, when given, is raised by every load (a pair that cannot be loaded);
     `pattern` is the tokens each cycle commits, repeated; `fallback` makes every reply run on
-    the target alone for that reason, as the engine does past max_ctx.
+    the target alone for that reason, as the engine does past max_ctx; from cycle `paused_from`
+    on, speculation pauses (one token a cycle, the target alone), as engine/pause.py does
+    where the draft does not pay.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class FakeBackend:
         pattern: list[int] | None = None,
         fallback: str | None = None,
         max_ctx: int = 16384,
+        paused_from: int | None = None,
     ):
         self.delay = delay
         self.reply = reply
@@ -132,6 +135,7 @@ class FakeBackend:
         self.pattern = pattern or [3, 1, 4, 2, 5, 1, 3]
         self.fallback = fallback
         self.max_ctx = max_ctx
+        self.paused_from = paused_from
         self.info: dict = {}
         self.block_size = 4
         self.held: list[dict[str, str]] = []  # the last conversation, as the engine caches it
@@ -178,20 +182,23 @@ class FakeBackend:
         while shared < min(len(messages), len(self.held)) and messages[shared] == self.held[shared]:
             shared += 1
         cached = tokens(messages[:shared])
-        generated, cycles, pos = 0, 0, 0
+        generated, cycles, pos, paused_tokens = 0, 0, 0, 0
         committed: list[int] = []
         speculative = self.fallback is None
         pattern = self.pattern if speculative else [1]
         while pos < len(words):
             if self.delay:
                 time.sleep(self.delay)
-            n = pattern[cycles % len(pattern)] if generated else 1
+            paused = speculative and self.paused_from is not None and cycles >= self.paused_from
+            n = pattern[cycles % len(pattern)] if generated and not paused else 1
             chunk = words[pos : pos + n]
             pos += len(chunk)
             n_draft = len(chunk) - 1 if generated and speculative else 0
             cycle = None
             if generated and speculative:
-                cycle = CycleStats(cycles, self.block_size, n_draft, 0.001, 0.002, 0.0)
+                cycle = CycleStats(cycles, 1 if paused else self.block_size, n_draft, 0.001,
+                                   0.002, 0.0, paused=paused)
+                paused_tokens += len(chunk) if paused else 0
                 cycles += 1
                 committed.append(len(chunk))
             generated += len(chunk)
@@ -208,6 +215,9 @@ class FakeBackend:
                 peak_memory_bytes=300_000_000 + generated * 1000,
                 speculative=speculative,
                 cached_tokens=cached,
+                paused=paused and generated > 1,
+                pauses=int(paused_tokens > 0),
+                paused_tokens=paused_tokens,
             )
             yield Span(
                 tokens=tuple(range(len(chunk))),

@@ -150,8 +150,8 @@ class EngineWorker:
                         segments.append((event.draft_text, True))
                     if event.target_text:
                         segments.append((event.target_text, False))
-                    if event.cycle is not None:
-                        cycles.append(event.cycle.committed)
+                    if event.cycle is not None and not getattr(event.cycle, "paused", False):
+                        cycles.append(event.cycle.committed)  # the draft's cycles only
                     stats = event.stats
                     if time.monotonic() - last_post >= self.batch_interval:
                         flush()
@@ -178,6 +178,8 @@ def _summary(result: Any) -> dict[str, Any]:
         "tokens_per_cycle": round(result.tokens_per_cycle, 3),
         "cycles": result.cycles,
         "lookup_cycles": result.lookup_cycles,
+        "pauses": getattr(result, "pauses", 0),
+        "paused_tokens": getattr(result, "paused_tokens", 0),
         "ttft_s": round(result.ttft_s, 4),
         "speculative": result.speculative,
         "fallback_reason": result.fallback_reason,

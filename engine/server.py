@@ -271,7 +271,8 @@ def usage(stats: RunningStats | GenerationResult | None, prompt_tokens: int) -> 
         return {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
                 "total_tokens": prompt_tokens,
                 "prompt_tokens_details": {"cached_tokens": 0},
-                "dflash": {"acceptance_rate": 0.0, "tokens_per_cycle": 0.0, "cycles": 0}}
+                "dflash": {"acceptance_rate": 0.0, "tokens_per_cycle": 0.0, "cycles": 0,
+                           "pauses": 0, "paused_tokens": 0}}
     generated = (stats.total_tokens if isinstance(stats, GenerationResult)
                  else stats.generated)
     return {
@@ -282,7 +283,9 @@ def usage(stats: RunningStats | GenerationResult | None, prompt_tokens: int) -> 
         "dflash": {"acceptance_rate": round(stats.acceptance_rate, 4),
                    "tokens_per_cycle": round(stats.tokens_per_cycle, 4),
                    "cycles": stats.cycles, "speculative": stats.speculative,
-                   "ttft_s": round(stats.ttft_s, 4)},
+                   "ttft_s": round(stats.ttft_s, 4),
+                   # speculation paused where the draft was not paying (engine/pause.py)
+                   "pauses": stats.pauses, "paused_tokens": stats.paused_tokens},
     }
 
 

@@ -19,6 +19,9 @@ HELP = {
     "dflash_cached_prompt_tokens": ("counter",
                                     "Prompt tokens resumed from the conversation cache."),
     "dflash_cycles": ("counter", "Speculative draft-verify cycles."),
+    "dflash_pauses": ("counter", "Times speculation paused because the draft was not paying."),
+    "dflash_paused_tokens": ("counter",
+                             "Tokens decoded while speculation was paused (the target alone)."),
     "dflash_acceptance_rate": ("gauge", "Acceptance rate of the last speculative request."),
     "dflash_tokens_per_cycle": ("gauge", "Tokens per cycle of the last speculative request."),
     "dflash_queue_depth": ("gauge", "Requests waiting for or running on the engine."),
@@ -81,6 +84,8 @@ class Metrics:
         self.inc("dflash_prompt_tokens", stats.prompt_tokens)
         self.inc("dflash_cached_prompt_tokens", stats.cached_tokens)
         self.inc("dflash_cycles", stats.cycles)
+        self.inc("dflash_pauses", getattr(stats, "pauses", 0))
+        self.inc("dflash_paused_tokens", getattr(stats, "paused_tokens", 0))
         if stats.speculative and stats.cycles:
             self.set("dflash_acceptance_rate", stats.acceptance_rate)
             self.set("dflash_tokens_per_cycle", stats.tokens_per_cycle)

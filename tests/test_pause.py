@@ -216,3 +216,18 @@ def test_the_config_and_the_flag_turn_pausing_off(tiny_pairs, monkeypatch, capsy
     off = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft),
                                         config=DFlashConfig(pause_speculation=False))
     assert on.step_s == 1.0 and off.step_s is None  # None: the pacer is off
+
+
+def test_metrics_count_pauses_and_paused_tokens():
+    from types import SimpleNamespace
+
+    from engine.server_metrics import Metrics
+
+    metrics = Metrics()
+    stats = SimpleNamespace(total_tokens=100, prompt_tokens=10, cached_tokens=0, cycles=60,
+                            speculative=True, acceptance_rate=0.4, tokens_per_cycle=1.65,
+                            ttft_s=0.1, tokens_per_second=20.0, pauses=2, paused_tokens=48)
+    metrics.request("chat", 200, stats)
+    metrics.request("chat", 200, stats)
+    text = metrics.render()
+    assert "dflash_pauses_total 4.0" in text and "dflash_paused_tokens_total 96.0" in text

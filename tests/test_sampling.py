@@ -235,6 +235,70 @@ def test_short_match_choices_keep_the_target_distribution(setup, monkeypatch):
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 
+class Alternating:
+    """A pacer clock whose cycles cost 10 plain steps while speculating and 1 while paused:
+    with a window, a probe and back-offs of one, a reply alternates one speculative cycle and
+    one paused (target-alone) step, whatever the draws."""
+
+    def __init__(self) -> None:
+        self.now, self.pacer = 0.0, None
+
+    def __call__(self) -> float:
+        self.now += 1.0 if self.pacer.paused else 10.0
+        return self.now
+
+
+def paced_replies(target, draft, n: int, seed: int) -> tuple[list[tuple], int, int]:
+    """`sample_replies` with a pacer that pauses mid-reply -> (replies, paused cycles,
+    speculative cycles)."""
+    from engine.pause import Pacer
+
+    replies, paused, speculated = [], 0, 0
+    for i in range(n):
+        clock = Alternating()
+        clock.pacer = pacer = Pacer(step_s=1.0, clock=clock, window=1, probe=1,
+                                    first_backoff=1, max_backoff=1)
+        tokens: list[int] = []
+        for commit in speculative_decode(target, draft, [2], TOKENS, 4, 512,
+                                         sampler=Sampler(dataclasses.replace(PARAMS,
+                                                                             seed=seed + i)),
+                                         pacer=pacer):
+            tokens += commit.tokens
+            if commit.cycle is not None:
+                paused += commit.cycle.paused
+                speculated += not commit.cycle.paused
+        replies.append(tuple(tokens[:TOKENS]))
+    return replies, paused, speculated
+
+
+def test_paused_cycles_keep_the_target_distribution(setup):
+    """Pausing speculation mid-reply (engine/pause.py): a paused cycle is a 1-token step of
+    the target alone, and replies that mix them with speculative cycles keep the target's
+    distribution."""
+    target, expected, draft_table = setup
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    replies, paused, speculated = paced_replies(target, draft, SAMPLES // 2, seed=3)
+    assert paused > SAMPLES // 4 and speculated > SAMPLES // 4  # both, in most replies
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+def test_the_test_rejects_a_wrong_paused_step(setup, monkeypatch):
+    """A paused step that took the target's argmax instead of drawing from p: the same test
+    must reject it."""
+    target, expected, draft_table = setup
+    accept = Sampler.accept
+
+    def greedy_when_alone(self, verify_in, p, q):
+        if q.shape[0] == 0:  # a 1-token step: nothing drafted
+            return mx.array(0), mx.argmax(p[0])
+        return accept(self, verify_in, p, q)
+
+    monkeypatch.setattr(Sampler, "accept", greedy_when_alone)
+    draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
+    replies, _, _ = paced_replies(target, draft, WRONG_SAMPLES, seed=3)
+    assert chi_square_pvalue(replies, expected) < 1e-6
+
+
 def test_the_test_rejects_a_wrong_acceptance_rule(setup, monkeypatch):
     """Drawing the token after a rejection from p instead of norm(max(0, p - q)): a common
     mistake that biases the output towards the draft's rejected tokens."""

@@ -88,6 +88,7 @@ def test_chat_non_streamed_matches_the_engine(served):
     assert reply.usage.completion_tokens == want.total_tokens
     extra = reply.usage.model_extra["dflash"]
     assert extra["cycles"] == want.cycles and extra["speculative"]
+    assert (extra["pauses"], extra["paused_tokens"]) == (want.pauses, want.paused_tokens)
     assert 0.0 <= extra["acceptance_rate"] <= 1.0 and extra["tokens_per_cycle"] >= 1.0
 
 
@@ -264,7 +265,8 @@ def test_metrics_parse_as_prometheus_text(served):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("dflash_requests", "dflash_generated_tokens", "dflash_prompt_tokens",
                  "dflash_cached_prompt_tokens", "dflash_cycles", "dflash_acceptance_rate",
-                 "dflash_tokens_per_cycle", "dflash_queue_depth",
+                 "dflash_tokens_per_cycle", "dflash_queue_depth", "dflash_pauses",
+                 "dflash_paused_tokens",
                  "dflash_time_to_first_token_seconds", "dflash_tokens_per_second"):
         assert name in families, name
     assert families["dflash_time_to_first_token_seconds"].type == "histogram"

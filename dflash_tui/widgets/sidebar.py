@@ -17,6 +17,7 @@ SPARK_CYCLES = 48  # recent cycles shown in the sparkline
 COLLAPSE_CYCLES = 64  # a draft is judged over this many recent cycles...
 COLLAPSE_TOKENS_PER_CYCLE = 1.2  # ...and called collapsed below this (1.0: it adds nothing)
 LABEL = 7  # "target " etc.
+PAUSED = "draft not paying"  # engine/pause.py's REASON (the app never imports the engine)
 
 
 def human_bytes(n: int) -> str:
@@ -159,6 +160,10 @@ class StatsSidebar(VerticalScroll):
             if reason:
                 text.append("off", style="bold yellow")
                 text.append(f": {reason}")
+            elif self.stats is not None and getattr(self.stats, "paused", False):
+                # the engine decodes with the target alone until a probe finds it paying
+                text.append("paused", style="bold yellow")
+                text.append(f" ({PAUSED})")
             else:
                 text.append("on", style="bold green")
         self.query_one("#speculation", Static).update(text)
@@ -206,8 +211,8 @@ class StatsSidebar(VerticalScroll):
             self.recent_cycles.extend(cycles)
             self.query_one("#spark", Sparkline).data = list(self.cycle_history)
             self._show_hint()
-        if stats is not None and not stats.speculative:
-            self.show_speculation()
+        if stats is not None:
+            self.show_speculation()  # on, off, or paused: it can change within a reply
         self.refresh_numbers()
 
     def refresh_numbers(self) -> None:
@@ -238,6 +243,10 @@ class StatsSidebar(VerticalScroll):
             # Cycles the suffix lookup proposed (a repeat of earlier tokens), not the draft.
             row("cycles", f"{s.cycles}" + (f" ({s.lookup_cycles} lookup)"
                                            if s.lookup_cycles else ""))
+            # Tokens the target decoded alone while speculation was paused (engine/pause.py)
+            paused = getattr(s, "paused_tokens", 0)
+            if paused:
+                row("paused", f"{paused} tokens ({getattr(s, 'pauses', 0)}x)")
             row("context", f"{s.ctx_used} / {s.max_ctx}")
             row("peak memory", human_bytes(s.peak_memory_bytes))
         self.query_one("#numbers", Static).update(grid)

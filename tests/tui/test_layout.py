@@ -112,6 +112,31 @@ async def test_sidebar_says_why_speculation_is_off():
 
 
 @pytest.mark.asyncio
+async def test_sidebar_says_when_speculation_is_paused():
+    """The engine pauses speculation where the draft does not pay (engine/pause.py): the
+    sidebar says so from the spans' stats, and counts the tokens decoded paused."""
+    import io
+
+    from rich.console import Console
+
+    reply = " ".join(f"w{i}" for i in range(40))
+    app = DFlashChatApp(backend_factory=lambda: FakeBackend(reply=reply, paused_from=3))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await send(pilot, "go")
+        await wait_for(pilot, lambda: reply_settled(app))
+        await pilot.pause()
+        speculation = str(app.chat.query_one("#speculation").render())
+        assert speculation == "speculation paused (draft not paying)"
+        sidebar = app.chat.query_one(StatsSidebar)
+        console = Console(width=40, file=io.StringIO(), record=True)
+        console.print(sidebar.query_one("#numbers").content)
+        rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
+        assert "paused 31 tokens (1x)" in rows, rows  # 40 words: 1, then 3 + 1 + 4 drafted
+        assert list(sidebar.cycle_history) == [3, 1, 4]  # paused steps are not draft cycles
+
+
+@pytest.mark.asyncio
 # Tokens committed per cycle: 1.17 on average is under the 1.2 threshold, 1.25 is not.
 @pytest.mark.parametrize("pattern,collapsed", [([1, 1, 1, 1, 1, 2], True), ([1, 1, 1, 2], False)])
 async def test_collapsed_draft_gets_a_visible_hint(pattern, collapsed):
