@@ -5,23 +5,24 @@ token. Speculation pays where a cycle's tokens exceed its cost in plain steps. T
 (engine/cycle.py) asks a `Pacer` once per cycle whether to speculate, and tells it what the
 cycle cost and committed. Over the last WINDOW speculative cycles the pacer estimates the
 speed-up, tokens per cycle over a cycle's cost in plain steps (mean tokens x the median plain
-step / the median cycle: one stalled cycle on a shared machine does not pause a reply);
-below 1 it pauses: the loop then decodes with the target alone, one token a step (no draft
-forward, no wide verify: the same computation as plain decoding, so the output is the same),
-and times those steps. After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative
-cycles, judged with the steps it just timed. A probe that pays resumes speculation (and the
-back-off starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF.
+step / the median cycle: one stalled cycle on a shared machine does not pause a reply); below
+PAUSE_BELOW (0.9) it pauses: the loop then decodes with the target alone, one token a step (no
+draft forward, no wide verify: the same computation as plain decoding, so the output is the
+same), and times those steps. After a back-off of FIRST_BACKOFF tokens it probes: PROBE
+speculative cycles, judged with the steps it just timed. A probe that pays (RESUME_FROM, 1.0)
+resumes speculation (and the back-off starts over); one that does not pauses again for twice as
+long, up to MAX_BACKOFF.
 
 Before any step of its own is timed, the pacer uses `step_s`, the runtime's measurement of a
-1-token verify at load (`verify_lengths.measure`): it is taken at a short context, so at long
+1-token verify at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at long
 ones it can make a pause that the first probe, judged with steps timed at that length, undoes.
 
 Switching never changes the output: greedy, every token is the target's argmax either way;
 sampled, a plain step draws from the target's processed distribution and a cycle keeps it by
-speculative sampling, whichever a cycle does (a choice made before the cycle's draws). What
-the pacer decides depends on timings, so a seeded sampled reply repeats only where its pauses
-fall on the same cycles (`--pause off` for replies that must repeat exactly). Pure Python: the
-clock is injectable, so tests drive it without timing anything.
+speculative sampling, whichever a cycle does (a choice made before the cycle's draws). What the
+pacer decides depends on timings, so a seeded sampled reply repeats only where its pauses fall
+on the same cycles (`--pause off` for replies that must repeat exactly). Pure Python: the clock
+is injectable, so tests drive it without timing anything.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ WINDOW = 8  # speculative cycles a verdict reads
 PROBE = 4  # speculative cycles a probe runs before its verdict
 FIRST_BACKOFF = 16  # tokens decoded by the target alone before the first probe
 MAX_BACKOFF = 256  # the back-off doubles while probes fail, up to this
+# Pause below this expected speed-up, resume (a probe's verdict) from RESUME_FROM: near
+# break-even either way is as fast, and on a shared machine the timings behind a verdict are
+# noisy (a wrong pause costs a back-off of plain steps where the draft paid)
+PAUSE_BELOW = 0.9
+RESUME_FROM = 1.0
 # The sidebar's, /metrics' and the result's words for why a reply paused
 REASON = "draft not paying"
 
@@ -107,7 +113,7 @@ class Pacer:
         speedup = self.speedup()
         probing, self.probing = self.probing, False
         self.judge_in = 1  # from here on, a verdict after every cycle
-        if speedup is None or speedup >= 1.0:
+        if speedup is None or speedup >= (RESUME_FROM if probing else PAUSE_BELOW):
             if probing:
                 self.backoff = self.first_backoff  # the probe paid: a later pause starts over
             return

@@ -16,7 +16,16 @@ from tiny_pairs import TruthOracle, plain_greedy
 import engine.runtime
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill
-from engine.pause import FIRST_BACKOFF, MAX_BACKOFF, PROBE, REASON, WINDOW, Pacer
+from engine.pause import (
+    FIRST_BACKOFF,
+    MAX_BACKOFF,
+    PAUSE_BELOW,
+    PROBE,
+    REASON,
+    RESUME_FROM,
+    WINDOW,
+    Pacer,
+)
 
 DRAFT_COST = 0.5  # a draft forward, in target forwards (a GPU-like cost model)
 
@@ -81,8 +90,20 @@ def test_a_probe_that_pays_resumes_and_the_back_off_starts_over():
     assert not any(paused[-40:]) and pacer.pauses == 2 and pacer.probes == 2
     assert pacer.backoff == FIRST_BACKOFF  # reset by the paying probe
     paused = run(pacer, clock, bad * WINDOW)  # bad again: a short pause, not a long one
-    assert paused == [False] * 7 + [True]  # 7 of the 8 cycles bad: 1.375 tokens at 1.5 steps
-    assert pacer.left == FIRST_BACKOFF - 1
+    # 7 of 8 cycles bad is 1.375 tokens at 1.5 steps, 0.92x: not yet below PAUSE_BELOW
+    assert paused == [False] * WINDOW and pacer.paused and pacer.left == FIRST_BACKOFF
+
+
+def test_near_break_even_it_neither_pauses_nor_resumes():
+    """Between PAUSE_BELOW and RESUME_FROM either choice is about as fast: a speculating
+    reply keeps speculating, a paused one stays paused."""
+    assert PAUSE_BELOW < 0.95 < RESUME_FROM
+    clock = Clock()
+    pacer = Pacer(step_s=1.0, clock=clock)
+    assert not any(run(pacer, clock, [(2.0, 1.9)] * 100))  # 0.95x
+    pacer = Pacer(step_s=1.0, clock=clock)
+    paused = run(pacer, clock, [(2.0, 1)] * WINDOW + [(2.0, 1.9)] * 400)  # 0.5x, then 0.95x
+    assert pacer.pauses > 3 and pacer.backoff == MAX_BACKOFF and sum(paused) > 300
 
 
 def test_a_paying_draft_never_pauses_and_one_stall_does_not_pause_it():
