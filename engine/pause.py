@@ -8,14 +8,16 @@ speed-up, tokens per cycle over a cycle's cost in plain steps (mean tokens x the
 step / the median cycle: one stalled cycle on a shared machine does not pause a reply); below
 PAUSE_BELOW (0.9) it pauses: the loop then decodes with the target alone, one token a step (no
 draft forward, no wide verify: the same computation as plain decoding, so the output is the
-same), and times those steps. After a back-off of FIRST_BACKOFF tokens it probes: PROBE
-speculative cycles, judged with the steps it just timed. A probe that pays (RESUME_FROM, 1.0)
-resumes speculation (and the back-off starts over); one that does not pauses again for twice as
-long, up to MAX_BACKOFF.
+same), and times those steps (a verdict judged on plain steps timed long ago, or on the load-
+time prior alone, first pauses for only PROBE steps, then probes with what they measured).
+After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative cycles, judged with the
+steps it just timed. A probe that pays (RESUME_FROM, 1.0) resumes speculation (and the back-off
+starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF.
 
 Before any step of its own is timed, the pacer uses `step_s`, the runtime's measurement of a
-1-token verify at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at long
-ones it can make a pause that the first probe, judged with steps timed at that length, undoes.
+1-token verify at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at
+long ones it can make a pause that the first probe, judged with steps timed at that length,
+undoes.
 
 Switching never changes the output: greedy, every token is the target's argmax either way;
 sampled, a plain step draws from the target's processed distribution and a cycle keeps it by
@@ -42,6 +44,10 @@ MAX_BACKOFF = 256  # the back-off doubles while probes fail, up to this
 # noisy (a wrong pause costs a back-off of plain steps where the draft paid)
 PAUSE_BELOW = 0.9
 RESUME_FROM = 1.0
+# Plain steps timed more than this many speculative cycles ago (or only the load-time prior)
+# are stale: a verdict that pauses on them first times PROBE plain steps, then probes at once
+# (a shared machine's speed drifts by several times within a reply)
+STALE = 16
 # The sidebar's, /metrics' and the result's words for why a reply paused
 REASON = "draft not paying"
 
@@ -68,6 +74,7 @@ class Pacer:
         self.paused_tokens = 0  # tokens committed while paused
         self.probes = 0  # probes run (each after a back-off)
         self.probing = False  # the cycles since the last back-off are a probe, not yet judged
+        self.since_steps = STALE + 1  # speculative cycles since a plain step was timed
         self.reason: str | None = None  # why the last pause happened (None: never paused)
         # Paused cycles' tapped target features (opaque here): the loop adds them to the
         # draft's context in one go when the draft next runs, or the reply ends
@@ -98,6 +105,7 @@ class Pacer:
         if self.paused:
             if plain:
                 self.steps.append(cost)
+                self.since_steps = 0
             self.paused_tokens += tokens
             self.left = max(self.left - tokens, 0)
             if not self.left:  # the back-off is over: probe
@@ -107,6 +115,7 @@ class Pacer:
                 self.judge_in = self.probe
             return
         self.cycles.append((cost, tokens))
+        self.since_steps += 1
         self.judge_in -= 1
         if self.judge_in > 0:
             return
@@ -117,9 +126,13 @@ class Pacer:
             if probing:
                 self.backoff = self.first_backoff  # the probe paid: a later pause starts over
             return
-        # Not paying: pause. A failed probe doubles the back-off; a fresh pause starts short.
+        # Not paying: pause. A failed probe doubles the back-off; a fresh pause starts short;
+        # one judged on stale plain steps first times a few (a failed probe then backs off by
+        # first_backoff).
         self.backoff = min(self.backoff * 2, self.max_backoff) if probing else self.first_backoff
         self.left = self.backoff
+        if not probing and self.since_steps > STALE:
+            self.left, self.backoff = self.probe, self.first_backoff // 2
         self.pauses += 1
         self.reason = (f"{REASON}: {self.tokens_per_cycle():.2f} tokens/cycle at "
                        f"{self.cycle_steps():.2f} plain steps a cycle")
