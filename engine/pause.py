@@ -8,8 +8,8 @@ speed-up, tokens per cycle over a cycle's cost in plain steps (mean tokens x the
 step / the median cycle: one stalled cycle on a shared machine does not pause a reply); below
 PAUSE_BELOW (0.9) it pauses: the loop then decodes with the target alone, one token a step (no
 draft forward, no wide verify: the same computation as plain decoding, so the output is the
-same), and times those steps (a verdict judged on plain steps timed long ago, or on the load-
-time prior alone, first pauses for only PROBE steps, then probes with what they measured).
+same), and times those steps (a verdict judged on plain steps timed long ago, or on the load-time
+prior alone, first pauses for only PROBE steps, then probes with what they measured).
 After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative cycles, judged with the
 steps it just timed. A probe that pays (RESUME_FROM, 1.0) resumes speculation (and the back-off
 starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF.
