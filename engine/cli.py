@@ -90,6 +90,9 @@ def run_generate(args: argparse.Namespace) -> int:
                  + (f", lookup {result.lookup_cycles}/{result.cycles} cycles"
                     if result.lookup_cycles else "")
                  + ")")
+        if result.pauses:  # engine/pause.py: the draft was not paying
+            line += (f"; paused {result.pauses}x, {result.paused_tokens} tokens by the target "
+                     f"alone ({result.pause_reason})")
     elif result.fallback_reason:
         line += f" [speculation off: {result.fallback_reason}]"
     # escape: the fallback note is in [brackets], which rich would read as markup and drop
