@@ -587,7 +587,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         else:
             proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
-        pacer.end(len(tokens), plain=paused and size == 1)
+        pacer.end(len(tokens), paused and size == 1, size, verify_s + rollback_s)
 
         staged = tokens[-1]
         emitted += len(tokens)

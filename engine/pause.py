@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 WINDOW = 8  # speculative cycles a verdict reads
@@ -57,11 +57,16 @@ class Pacer:
     plain step's measured cost. `enabled=False`: always speculate (and count nothing)."""
 
     def __init__(self, step_s: float | None = None, enabled: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, window: int = WINDOW,
+                 clock: Callable[[], float] = time.perf_counter,
+                 verify_costs: Sequence[float] = (), window: int = WINDOW,
                  probe: int = PROBE, first_backoff: int = FIRST_BACKOFF,
                  max_backoff: int = MAX_BACKOFF) -> None:
         self.enabled = enabled
         self.prior = step_s  # a plain step's cost before any is timed here; None: unknown
+        # verify_costs[L - 1]: an L-token verify's cost on this machine (any unit): with them
+        # each speculative cycle's verify time gives the plain step's cost at that moment
+        self.ratios = [c / verify_costs[0] for c in verify_costs] if verify_costs else []
+        self.live: deque[float] = deque(maxlen=window)  # those estimates, recent cycles
         self.clock = clock
         self.window, self.probe = window, probe
         self.first_backoff, self.max_backoff = first_backoff, max_backoff
@@ -95,13 +100,16 @@ class Pacer:
         """A cycle starts (its cost runs from here to `end`)."""
         self._started = self.clock()
 
-    def end(self, tokens: int, plain: bool) -> None:
+    def end(self, tokens: int, plain: bool, verified: int = 0, verify_s: float = 0.0) -> None:
         """The cycle that `begin` started committed `tokens`; `plain`: it was a 1-token step
         of the target alone (a paused cycle that the suffix lookup proposed is neither that
-        nor a speculative cycle: it counts towards the back-off only)."""
+        nor a speculative cycle: it counts towards the back-off only). `verify_s`: the part
+        of it from the verify forward of `verified` tokens to the commit (synced)."""
         cost = self.clock() - self._started
         if not self.enabled:
             return
+        if not self.paused and verify_s > 0 and 0 < verified <= len(self.ratios):
+            self.live.append(verify_s / self.ratios[verified - 1])
         if self.paused:
             if plain:
                 self.steps.append(cost)
@@ -131,15 +139,21 @@ class Pacer:
         # first_backoff).
         self.backoff = min(self.backoff * 2, self.max_backoff) if probing else self.first_backoff
         self.left = self.backoff
-        if not probing and self.since_steps > STALE:
+        if not probing and self.since_steps > STALE and not self.live:
             self.left, self.backoff = self.probe, self.first_backoff // 2
         self.pauses += 1
         self.reason = (f"{REASON}: {self.tokens_per_cycle():.2f} tokens/cycle at "
                        f"{self.cycle_steps():.2f} plain steps a cycle")
 
     def step_s(self) -> float | None:
-        """A plain step's cost: the median of those timed while paused, else the prior."""
-        return statistics.median(self.steps) if self.steps else self.prior
+        """A plain step's cost: the median of those timed while paused where they are
+        recent, else of the live estimates from the verifies, else of the steps timed,
+        else the prior."""
+        if self.steps and (self.since_steps <= STALE or not self.live):
+            return statistics.median(self.steps)
+        if self.live:
+            return statistics.median(self.live)
+        return self.prior
 
     def tokens_per_cycle(self) -> float:
         return statistics.fmean(t for _, t in self.cycles) if self.cycles else 0.0

@@ -54,10 +54,14 @@ class DFlashRuntime:
         self.target_id, self.draft_id = target_id, draft_id
         self.token_ranking = token_ranking  # the draft's token_ranking.json, if it has one
 
+        self.verify_costs: list[float] = []  # ms of a 1..16-token verify, where measured
+
         def measure(size: int) -> tuple[int, ...]:  # the verify lengths, once per machine
             assert draft is not None
-            return load_or_measure(model, self.target, str(target_model_dtype(model)),
-                                   draft.args.target_layer_ids, size, progress)["lengths"]
+            record = load_or_measure(model, self.target, str(target_model_dtype(model)),
+                                     draft.args.target_layer_ids, size, progress)
+            self.verify_costs = list(record["costs_ms"])
+            return record["lengths"]
 
         cuda_attention.check()  # a GPU where the block kernel fails keeps MLX's attention
         # Every "auto" resolved once, for this device and pair: what each cycle does
@@ -198,7 +202,8 @@ class DFlashRuntime:
         pacer = None
         if use_draft:
             stop_ids = () if no_eos else frozenset(self.tokenizer.eos_token_ids)
-            pacer = Pacer(self.step_s, enabled=self.step_s is not None)
+            pacer = Pacer(self.step_s, enabled=self.step_s is not None,
+                          verify_costs=self.verify_costs)
             commits = self._speculative(ids, max_tokens, block_size, profile, sampler, reuse,
                                         stop_ids, pacer)
         else:

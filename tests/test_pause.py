@@ -256,3 +256,25 @@ def test_metrics_count_pauses_and_paused_tokens():
     metrics.request("chat", 200, stats)
     text = metrics.render()
     assert "dflash_pauses_total 4.0" in text and "dflash_paused_tokens_total 96.0" in text
+
+
+def test_verify_timings_keep_the_plain_step_current():
+    """With the machine's verify costs by length (the CPU's, engine/verify_lengths.py), each
+    cycle's verify time gives the plain step's cost at that moment: a prior from a quieter
+    moment (here 10x too low) neither pauses a paying draft nor needs steps timed first."""
+    clock = Clock()
+    costs = [1.0, 1.2, 1.3, 1.5]  # a 1..4-token verify, relative
+    pacer = Pacer(step_s=0.1, clock=clock, verify_costs=costs)
+
+    def cycle(tokens):  # a 4-token verify costing 1.5 steps of 1.0, the cycle 2.0
+        pacer.begin()
+        clock.now += 1.0 if pacer.paused else 2.0
+        pacer.end(1 if pacer.paused else tokens, pacer.paused, 1 if pacer.paused else 4,
+                  1.0 if pacer.paused else 1.5)
+
+    for _ in range(50):
+        cycle(3)  # 1.5x
+    assert pacer.pauses == 0 and pacer.step_s() == pytest.approx(1.0)
+    while not pacer.paused:
+        cycle(1)  # 0.5x: a full back-off at once, the step's cost being current
+    assert pacer.left == FIRST_BACKOFF and pacer.pauses == 1
