@@ -122,10 +122,12 @@ def oracle_proposals(rt: Any, reference: list[int] | None, opts: Options) -> Ite
         return OracleProposer(rt.target, rt.draft, oracle, True, head, cache, rt.plan.prefetch)
 
     rt.make_proposer = make
+    step_s, rt.step_s = rt.step_s, None  # no pausing: the oracle measures the cycle's cost
     try:
         yield
     finally:
         del rt.make_proposer
+        rt.step_s = step_s
 
 
 def run_dflash(rt: Any, ids: list[int], opts: Options, reference: list[int] | None = None,
