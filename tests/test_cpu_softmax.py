@@ -161,7 +161,8 @@ def test_engine_with_the_kernel_forced_on_equals_mlx_lm_greedy(tiny_pairs, kerne
                         lambda x, *a: calls.append(x.shape) or original(x, *a))
     target, draft = tiny_pairs(family)
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
-        dtype="float32", min_draft_confidence=None, prefill_chunk=100))
+        dtype="float32", min_draft_confidence=None))
+    rt.prefill_chunk = 100
     assert any(a is not None for a in rt.target._attend)
     ids = long_prompt(rt)
     assert len(ids) > 250

@@ -119,7 +119,8 @@ def test_rerun_rollback_matches_tape_replay_end_to_end(tiny_pairs):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("block_size", [2, 5])
 def test_small_blocks_and_chunked_prefill_stay_lossless(tiny_pairs, family, block_size):
-    rt = load(tiny_pairs, family, draft_block_size=block_size, prefill_chunk=3)
+    rt = load(tiny_pairs, family, draft_block_size=block_size)
+    rt.prefill_chunk = 3
     ids = rt.encode("The quick brown fox jumps over the lazy dog.")
     result = rt.generate(ids, max_tokens=60, no_eos=True)
     assert max(result.cycle_tokens) <= block_size
