@@ -8,11 +8,12 @@ speed-up, tokens per cycle over a cycle's cost in plain steps (mean tokens x the
 step / the median cycle: one stalled cycle on a shared machine does not pause a reply); below
 PAUSE_BELOW (0.9) it pauses: the loop then decodes with the target alone, one token a step (no
 draft forward, no wide verify: the same computation as plain decoding, so the output is the
-same), and times those steps (a verdict judged on plain steps timed long ago, or on the load-time
-prior alone, first pauses for only PROBE steps, then probes with what they measured).
-After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative cycles, judged with the
-steps it just timed. A probe that pays (RESUME_FROM, 1.0) resumes speculation (and the back-off
-starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF.
+same), and times those steps (a verdict judged on plain steps timed long ago, or on the
+load-time prior alone, first pauses for only CALIBRATE (4) steps, then probes with what they
+measured). After a back-off of FIRST_BACKOFF tokens it probes: PROBE speculative cycles, judged
+with the steps it just timed. A probe that pays (RESUME_FROM, 1.0) resumes speculation (and the
+back-off starts over); one that does not pauses again for twice as long, up to MAX_BACKOFF
+(128).
 
 Before any step of its own is timed, the pacer uses `step_s`, the runtime's measurement of a
 1-token verify at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at
@@ -36,9 +37,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 WINDOW = 8  # speculative cycles a verdict reads
-PROBE = 4  # speculative cycles a probe runs before its verdict
+# Speculative cycles a probe runs before its verdict: a whole window, since a draft's tokens
+# per cycle vary a lot (mostly 1, now and then 5), and a failed probe costs little (its
+# cycles still commit tokens); on MT-Bench's first prompt 4-cycle probes kept failing where
+# the reply's draft paid 1.86 tokens/cycle on average
+PROBE = WINDOW
+CALIBRATE = 4  # plain steps timed before a probe where a verdict had only stale ones
 FIRST_BACKOFF = 16  # tokens decoded by the target alone before the first probe
-MAX_BACKOFF = 256  # the back-off doubles while probes fail, up to this
+MAX_BACKOFF = 128  # the back-off doubles while probes fail, up to this
 # Pause below this expected speed-up, resume (a probe's verdict) from RESUME_FROM: near
 # break-even either way is as fast, and on a shared machine the timings behind a verdict are
 # noisy (a wrong pause costs a back-off of plain steps where the draft paid)
@@ -140,7 +146,7 @@ class Pacer:
         self.backoff = min(self.backoff * 2, self.max_backoff) if probing else self.first_backoff
         self.left = self.backoff
         if not probing and self.since_steps > STALE and not self.live:
-            self.left, self.backoff = self.probe, self.first_backoff // 2
+            self.left, self.backoff = CALIBRATE, self.first_backoff // 2
         self.pauses += 1
         self.reason = (f"{REASON}: {self.tokens_per_cycle():.2f} tokens/cycle at "
                        f"{self.cycle_steps():.2f} plain steps a cycle")

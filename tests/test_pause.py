@@ -17,6 +17,7 @@ import engine.runtime
 from engine import DFlashConfig, DFlashRuntime
 from engine.cycle import DraftProposer, prefill
 from engine.pause import (
+    CALIBRATE,
     FIRST_BACKOFF,
     MAX_BACKOFF,
     PAUSE_BELOW,
@@ -72,10 +73,10 @@ def test_a_draft_that_never_pays_pauses_with_a_doubling_back_off():
             runs.append(n)
             n = 0
     assert paused[:WINDOW] == [False] * WINDOW and paused[WINDOW]  # a full window, then pause
-    # the first verdict had only the load-time prior: PROBE steps timed, then a probe
-    want = [PROBE] + [min(FIRST_BACKOFF * 2 ** i, MAX_BACKOFF) for i in range(len(runs))]
-    assert runs[:-1] == want[:len(runs) - 1] and len(runs) > 6  # 4, 16, 32, ... 256, 256
-    assert paused[WINDOW + PROBE: WINDOW + 2 * PROBE] == [False] * PROBE
+    # the first verdict had only the load-time prior: CALIBRATE steps timed, then a probe
+    want = [CALIBRATE] + [min(FIRST_BACKOFF * 2 ** i, MAX_BACKOFF) for i in range(len(runs))]
+    assert runs[:-1] == want[:len(runs) - 1] and len(runs) > 6  # 4, 16, 32, ... 128, 128
+    assert paused[WINDOW + CALIBRATE: WINDOW + CALIBRATE + PROBE] == [False] * PROBE
     assert pacer.pauses == len(runs) and pacer.paused_tokens == sum(paused)
     assert pacer.reason.startswith(REASON) and "1.00 tokens/cycle at 1.50 plain steps" in \
         pacer.reason
@@ -86,15 +87,15 @@ def test_a_probe_that_pays_resumes_and_the_back_off_starts_over():
     pacer = Pacer(step_s=1.0, clock=clock)
     bad, good = [(1.5, 1)], [(1.5, 4)]
     # time steps (4), fail a probe, pause (16), fail a probe (32), then the draft agrees
-    paused = run(pacer, clock, bad * (WINDOW + 2 * PROBE + FIRST_BACKOFF + PROBE)
+    paused = run(pacer, clock, bad * (WINDOW + CALIBRATE + PROBE + FIRST_BACKOFF + PROBE)
                  + good * 80)
     assert not any(paused[-40:]) and pacer.pauses == 3 and pacer.probes == 3
     assert pacer.backoff == FIRST_BACKOFF  # reset by the paying probe
     paused = run(pacer, clock, bad * WINDOW)  # bad again: a short pause, not a long one
     # 7 of 8 cycles bad is 1.375 tokens at 1.5 steps, 0.92x: not yet below PAUSE_BELOW;
-    # the 8th pauses, on steps timed over STALE cycles ago: PROBE steps first
-    assert paused == [False] * WINDOW and pacer.paused and pacer.left == PROBE
-    run(pacer, clock, bad * (2 * PROBE))  # timed, then a failed probe: a first back-off
+    # the 8th pauses, on steps timed over STALE cycles ago: CALIBRATE steps first
+    assert paused == [False] * WINDOW and pacer.paused and pacer.left == CALIBRATE
+    run(pacer, clock, bad * (CALIBRATE + PROBE))  # timed, a failed probe: a first back-off
     assert pacer.paused and pacer.left == FIRST_BACKOFF
 
 
@@ -131,7 +132,7 @@ def test_timed_plain_steps_replace_the_prior():
     clock = Clock()
     pacer = Pacer(step_s=0.5, clock=clock)  # the truth: a step costs 1 (run's plain steps)
     paused = run(pacer, clock, [(1.2, 1.5)] * 200)  # 1.25x in truth, 0.62x by the prior
-    assert paused[WINDOW] and pacer.pauses == 1 and not any(paused[WINDOW + PROBE:])
+    assert paused[WINDOW] and pacer.pauses == 1 and not any(paused[WINDOW + CALIBRATE:])
     assert pacer.step_s() == 1.0
 
 
@@ -176,7 +177,7 @@ def paced(tiny_pairs, monkeypatch):
     return rt, clock, use, made
 
 
-@pytest.mark.parametrize("agrees_after", [40, None])
+@pytest.mark.parametrize("agrees_after", [60, None])
 def test_a_draft_that_never_agrees_pauses_with_plain_output_and_resumes_when_it_does(
         paced, agrees_after):
     rt, clock, use, made = paced
@@ -191,7 +192,7 @@ def test_a_draft_that_never_agrees_pauses_with_plain_output_and_resumes_when_it_
     cycles = [s.cycle for s in spans[:-1] if s.cycle is not None]
     assert not any(c.paused for c in cycles[:WINDOW]) and cycles[WINDOW].paused
     assert all(c.block_size == 1 for c in cycles if c.paused)  # the target alone
-    assert result.pauses >= 3 and result.paused_tokens >= PROBE + FIRST_BACKOFF * 3
+    assert result.pauses >= 3 and result.paused_tokens >= CALIBRATE + FIRST_BACKOFF * 3
     assert result.pause_reason.startswith(REASON)
     assert any(s.stats.paused for s in spans[:-1])
     if agrees_after is not None:  # the third probe finds the draft right: resumed for good
