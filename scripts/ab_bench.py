@@ -63,7 +63,8 @@ def worker(args: argparse.Namespace) -> int:
         suite, index = line.split()
         prompt = prompts[suite][int(index)]
         if not args.no_baseline:
-            say({"suite": suite, **bench_prompt(rt, prompt, opts, args.repeat, lambda: None)})
+            say({"suite": suite, **bench_prompt(rt, prompt, opts, args.repeat, lambda: None),
+                 "load_average": os.getloadavg()})  # after the row: a shared machine's load
             continue
         ids = encode(rt, prompt)
         sides, results = zip(*(run_dflash(rt, ids, opts) for _ in range(args.repeat)))
