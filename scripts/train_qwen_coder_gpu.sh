@@ -25,7 +25,10 @@
 # SEED=1 TRAIN_S=680 PAUSE=400 LR=6e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume.
 # Stage 2 (2026-12-06, one H100): SEED=2 SLICE=1/4 GEN_S=240 GEN_BATCH=512 PART=gen, then
 # INIT=/root/stash/files/qwen-draft.tar (a tar of the shipped draft folder, staged) SEED=2
-# TRAIN_S=420 LR=5e-4 BATCH=16 ANCHORS=64 PART=train (the model card of
+# TRAIN_S=420 LR=5e-4 BATCH=16 ANCHORS=64 PART=train.
+# Stage 3 (2026-12-06, one H100): SEED=3 SLICE=2/4 GEN_S=150 GEN_BATCH=512 PART=gen, then
+# INIT=/root/stash/files/qwen-draft.tar (a tar of stage 2's bf16 draft folder, staged)
+# SEED=3 TRAIN_S=380 LR=5e-4 BATCH=16 ANCHORS=64 PART=train (the model card of
 # engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of each).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
