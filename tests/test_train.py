@@ -11,6 +11,7 @@ import pytest
 from script_modules import load_script
 from tiny_pairs import check_walk_is_the_decode, make_tiny_pair
 
+import engine.train.loop as train_loop
 from engine.cycle import DraftProposer
 from engine.draft import DFlashDraft
 from engine.loading import load_draft_folder, load_target
@@ -549,10 +550,19 @@ def test_the_schedule_fits_the_time_left_at_the_pace_so_far():
     assert steps_that_fit(600, 0.3, 60.0, 100_000) < steps_that_fit(600, 0.2, 60.0, 100_000)
 
 
-def test_train_seconds_set_the_schedules_length(pair, tmp_path):
+def test_train_seconds_set_the_schedules_length(pair, tmp_path, monkeypatch):
     """--train-seconds: the cosine schedule is sized from the pace of steps 5..20 and sized
     again every REPLAN_EVERY steps, and the run ends at the schedule's end, not at --steps."""
     target_dir, *_ = pair
+
+    class Clock:  # every reading 10 ms on: the pace, whatever else runs on this machine
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 0.01
+            return self.now
+
+    monkeypatch.setattr(train_loop, "time", Clock())
     said: list[str] = []
     data = tmp_path / "data.npz"
     Dataset([[1, 10 + i % 5, 3, 4, 5, 6, 7, 8] for i in range(12)], [2] * 12).save(data)
