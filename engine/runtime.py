@@ -71,8 +71,8 @@ class DFlashRuntime:
         taps = draft.args.target_layer_ids if draft is not None else ()
         self.target.warm_up(self.plan.block_size, taps)  # kernels compile here, not mid-reply
         # A plain step's cost, the pacer's start (engine/pause.py); None: no pausing
-        self.step_s = (plain_step_s(self.target, taps) if draft is not None and lockstep is None
-                       and self.config.pause_speculation else None)
+        self.step_s = (plain_step_s(self.target, taps, self.verify_costs) if draft is not None
+                       and lockstep is None and self.config.pause_speculation else None)
         budget = resolve_cache_bytes(self.config.prompt_cache_bytes)
         if lockstep is not None:  # the same budget everywhere: ranks evict in step
             budget = lockstep.broadcast_int(budget)

@@ -71,10 +71,15 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     return samples
 
 
-def plain_step_s(target: TargetAdapter, tap_ids: Sequence[int], rounds: int = 5) -> float:
+def plain_step_s(target: TargetAdapter, tap_ids: Sequence[int], costs_ms: Sequence[float] = (),
+                 rounds: int = 5) -> float:
     """Seconds of a plain decoding step as the loop takes one (a 1-token verify forward
-    after CONTEXT tokens), the median of `rounds`: where the pacer (engine/pause.py) starts,
-    before it times its own."""
+    after CONTEXT tokens): where the pacer (engine/pause.py) starts, before it times its own.
+    Where the verify costs by length are known (`costs_ms`, measured or read from the cache),
+    their 1-token cost, the same forward: a start times no prefill for it. Otherwise the
+    median of `rounds`, timed now."""
+    if costs_ms:
+        return costs_ms[0] / 1e3
     return statistics.median(timings(target, tap_ids, 1, rounds, CONTEXT)[0])
 
 

@@ -66,6 +66,17 @@ def test_measure_times_every_length_and_leaves_the_cache_as_it_was(tiny_pairs):
     assert len(costs) == 6 and all(0 < c < 10 for c in costs)
 
 
+def test_a_plain_steps_cost_comes_from_the_measured_verify_costs(tiny_pairs, monkeypatch):
+    """The pacer's start: the 1-token verify cost where the costs by length are known (no
+    forward timed at load), else a timing of that forward."""
+    rt = load(tiny_pairs, "llama", min_draft_confidence=None)
+    taps = rt.draft.args.target_layer_ids
+    monkeypatch.setattr(verify_lengths, "timings", lambda *a: pytest.fail("timed a forward"))
+    assert verify_lengths.plain_step_s(rt.target, taps, [250.0, 300.0]) == 0.25
+    monkeypatch.setattr(verify_lengths, "timings", lambda *a: [[0.3, 0.1, 0.2]])
+    assert verify_lengths.plain_step_s(rt.target, taps) == 0.2
+
+
 def test_the_measurement_is_kept_and_reused(tiny_pairs, tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
     calls = []
