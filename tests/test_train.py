@@ -542,6 +542,18 @@ def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
     assert all(mx.array_equal(a[k], b[k]).item() for k in a)
 
 
+def test_a_resumed_run_keeps_its_mask_token(pair, tmp_path, monkeypatch):
+    """--resume builds the draft with the mask token the paused run trained with, even where
+    this machine's tokenizer would pick another one."""
+    target_dir, *_ = pair
+    run = tiny_run(target_dir, tmp_path)
+    run("parts", "--pause-after", "0", "--steps", "8", "--mask-token-id", "7")
+    monkeypatch.setattr(train_loop, "pick_mask_token", lambda *a: 9)
+    run("parts", "--steps", "8", "--resume")
+    config = json.loads((tmp_path / "parts" / "config.json").read_text())
+    assert config["dflash_config"]["mask_token_id"] == 7
+
+
 def test_the_schedule_fits_the_time_left_at_the_pace_so_far():
     assert steps_that_fit(100, 0.2, 100.0, 100_000) == 600
     assert steps_that_fit(100, 0.2, 100.0, 400) == 400  # never past --steps

@@ -256,8 +256,9 @@ def save_state(optimizer: optim.Optimizer, draft: DFlashDraft, step: int, total:
                         dict(tree_flatten(draft.parameters())))
     opt = {k: v for k, v in tree_flatten(optimizer.state) if isinstance(v, mx.array)}
     mx.save_safetensors(str(state_dir / "optimizer.safetensors"), opt)
-    (state_dir / "step.json").write_text(json.dumps({"step": step, "total": total,
-                                                     "epoch": epoch, "cursor": cursor}))
+    (state_dir / "step.json").write_text(json.dumps({
+        "step": step, "total": total, "epoch": epoch, "cursor": cursor,
+        "mask_token_id": draft.args.mask_token_id}))
 
 
 def load_state(optimizer: optim.Optimizer, draft: DFlashDraft, state_dir: Path) -> dict:
@@ -475,6 +476,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     val_set = val_sets[val_name]
 
     mask_id = cfg.mask_token_id
+    resuming = cfg.resume and (state_dir / "step.json").is_file()
+    if mask_id is None and resuming:  # the run's own: another machine's tokenizer may differ
+        mask_id = json.loads((state_dir / "step.json").read_text()).get("mask_token_id")
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
     if cfg.init:
@@ -509,7 +513,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
     earlier: dict[str, Any] = {}  # the log of the run this one resumes
-    if cfg.resume and (state_dir / "step.json").is_file():
+    if resuming:
         optimizer.init(draft.trainable_parameters())
         resumed = load_state(optimizer, draft, state_dir)
         step, total = resumed["step"], resumed["total"]
