@@ -28,7 +28,12 @@
 # TRAIN_S=420 LR=5e-4 BATCH=16 ANCHORS=64 PART=train.
 # Stage 3 (2026-12-06, one H100): SEED=3 SLICE=2/4 GEN_S=150 GEN_BATCH=512 PART=gen, then
 # INIT=/root/stash/files/qwen-draft.tar (a tar of stage 2's bf16 draft folder, staged)
-# SEED=3 TRAIN_S=380 LR=5e-4 BATCH=16 ANCHORS=64 PART=train (the model card of
+# SEED=3 TRAIN_S=380 LR=5e-4 BATCH=16 ANCHORS=64 PART=train.
+# Stage 4 (2026-12-06, one H100): SEED=4 SLICE=3/4 GEN_S=200 GEN_BATCH=512 PART=gen, then
+# INIT=/root/stash/files/qwen-draft.tar (a tar of stage 3's bf16 draft folder, staged)
+# SEED=4 TRAIN_S=1000 PAUSE=500 LR=5e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume
+# (the resumed half trained with mask token 151935, not the init's 151664: PART=resume
+# rebuilds the draft with the mask token picked there; the model card of
 # engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of each).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
