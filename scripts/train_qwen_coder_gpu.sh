@@ -33,7 +33,7 @@
 # INIT=/root/stash/files/qwen-draft.tar (a tar of stage 3's bf16 draft folder, staged)
 # SEED=4 TRAIN_S=1000 PAUSE=500 LR=5e-4 BATCH=16 ANCHORS=64 PART=train and PART=resume
 # (the resumed half trained with mask token 151935, not the init's 151664: PART=resume
-# rebuilds the draft with the mask token picked there; the model card of
+# rebuilt the draft with the mask token picked there, since fixed; the model card of
 # engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of each).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
@@ -60,9 +60,12 @@ data_args() {
   done
 }
 shape=(--depth ${DEPTH:-2} --taps ${TAPS:-4} --intermediate-size ${WIDTH:-2048} --block-size 16)
+# --profile-steps: the log's step_profile says where a step's time goes (target forward,
+# draft layers, the vocabulary head, loss, backward), for choosing what to speed up next
 train_args=(--model $model --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
             --anchors ${ANCHORS:-64} --steps 100000 --val-every 400 --checkpoint-every 400
             --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16 --no-progress
+            --profile-steps ${PROFILE_STEPS:-10}
             ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB pieces (a file
   # that comes back is capped at 16 MB, all of them at 64 MB): weights over 56 MB come back
