@@ -91,16 +91,21 @@ async def test_sidebar_never_breaks_an_id_inside_a_word(width):
         assert speculation == "speculation on"
 
 
+async def speculation_after_reply(pilot, app: DFlashChatApp, prompt: str) -> str:
+    """The sidebar's speculation line once the engine has answered `prompt`."""
+    await wait_for(pilot, lambda: engine_ready(app))
+    await send(pilot, prompt)
+    await wait_for(pilot, lambda: reply_settled(app))
+    await pilot.pause()
+    return str(app.chat.query_one("#speculation").render())
+
+
 @pytest.mark.asyncio
 async def test_sidebar_says_why_speculation_is_off():
     reason = "prompt (9000) + max_tokens (8000) exceeds max_ctx (16384): target alone"
     app = DFlashChatApp(backend_factory=lambda: FakeBackend(fallback=reason))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: engine_ready(app))
-        await send(pilot, "hi")
-        await wait_for(pilot, lambda: reply_settled(app))
-        await pilot.pause()
-        speculation = str(app.chat.query_one("#speculation").render())
+        speculation = await speculation_after_reply(pilot, app, "hi")
         assert speculation == f"speculation off: {reason}"
         assert "target only" in replies(app)[-1].footer_text
         speed = str(app.chat.query_one("#speed").render())
@@ -122,11 +127,7 @@ async def test_sidebar_says_when_speculation_is_paused():
     reply = " ".join(f"w{i}" for i in range(40))
     app = DFlashChatApp(backend_factory=lambda: FakeBackend(reply=reply, paused_from=3))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: engine_ready(app))
-        await send(pilot, "go")
-        await wait_for(pilot, lambda: reply_settled(app))
-        await pilot.pause()
-        speculation = str(app.chat.query_one("#speculation").render())
+        speculation = await speculation_after_reply(pilot, app, "go")
         assert speculation == "speculation paused (draft not paying)"
         sidebar = app.chat.query_one(StatsSidebar)
         console = Console(width=40, file=io.StringIO(), record=True)
