@@ -5,8 +5,14 @@ two runs share the same moment).
     python scripts/ab_bench.py --checkout before=/path/to/old/checkout --checkout after=. \\
         --suite humaneval --suite gsm8k --suite mt-bench --limit 4 --json F
 
+or two settings of one checkout (any `dflash benchmark` engine flags, per side):
+
+    python scripts/ab_bench.py --checkout auto=. --checkout v32k=. \\
+        --engine-args v32k="--draft-vocab 32768" --suite humaneval --no-baseline --json F
+
 Each checkout runs in a worker process of its own (its folder first on PYTHONPATH) that loads
-the offline default pair once with the engine's defaults (`--model`/`--draft` for another),
+the offline default pair once with the engine's defaults or its `--engine-args` (`--model`/
+`--draft` for another pair),
 warms up, then benchmarks each prompt it is sent as `dflash benchmark` does
 (engine.bench.compare.bench_prompt: mlx-lm's plain decoding, then DFlash, on the same loaded
 target; greedy, token match checked; no conversation-state reuse). The prompts alternate which
@@ -49,7 +55,15 @@ def worker(args: argparse.Namespace) -> int:
     from engine.bench.suites import encode, load_prompts
 
     prompts = {suite: load_prompts(suite=suite, limit=args.limit)[0] for suite in args.suite}
-    rt = DFlashRuntime.from_pretrained(args.model, args.draft, DFlashConfig(prompt_cache_bytes=0))
+    config = DFlashConfig(prompt_cache_bytes=0)
+    if args.worker_engine_args:
+        from engine.config import add_engine_args, config_from_args
+
+        flags = argparse.ArgumentParser(prog="--engine-args")
+        add_engine_args(flags)
+        config = config_from_args(flags.parse_args(shlex.split(args.worker_engine_args)),
+                                  prompt_cache_bytes=0)
+    rt = DFlashRuntime.from_pretrained(args.model, args.draft, config)
     sampling = ({"temperature": args.temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                  "seed": args.seed} if args.temperature else {})
     opts = Options(max_tokens=args.max_tokens, sampling=sampling)
@@ -88,7 +102,8 @@ def listen(proc: subprocess.Popen) -> dict:
     raise SystemExit(f"a worker exited early (code {proc.wait()})")
 
 
-def start(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen:
+def start(name: str, folder: Path, args: argparse.Namespace, engine_args: str = ""
+          ) -> subprocess.Popen:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
             "--max-tokens", str(args.max_tokens), "--limit", str(args.limit),
             "--repeat", str(args.repeat), *[a for s in args.suite for a in ("--suite", s)]]
@@ -96,6 +111,7 @@ def start(name: str, folder: Path, args: argparse.Namespace) -> subprocess.Popen
     argv += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     argv += ["--model", args.model] if args.model else []
     argv += ["--draft", args.draft] if args.draft else []
+    argv += [f"--worker-engine-args={engine_args}"] if engine_args else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])}
     print(f"{name}: starting at {folder}", file=sys.stderr)
@@ -180,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample at this temperature (both sides, mlx-lm too; top_p 1); 0: greedy")
     p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
+    p.add_argument("--engine-args", action="append", default=[], metavar="NAME=FLAGS",
+                   help="`dflash benchmark` engine flags for that side (e.g. "
+                        "v32k=\"--draft-vocab 32768\"); the same folder may then serve both")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-engine-args", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -190,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     sides = [(name, Path(folder).resolve())
              for name, folder in (c.split("=", 1) for c in args.checkout)]
     names = [name for name, _ in sides]
+    if len(set(names)) != 2:
+        p.error("give the two --checkout sides different names")
+    engine_args = dict(e.split("=", 1) for e in args.engine_args if "=" in e)
+    if len(engine_args) != len(args.engine_args) or not set(engine_args) <= set(names):
+        p.error("--engine-args takes NAME=FLAGS, NAME one of the --checkout names")
     commits = {name: commit_of(folder) for name, folder in sides}  # before anything runs
-    procs = {name: start(name, folder, args) for name, folder in sides}
+    procs = {name: start(name, folder, args, engine_args.get(name, "")) for name, folder in sides}
     ready = {name: listen(proc) for name, proc in procs.items()}
     rows: dict[str, dict[str, list[dict]]] = {s: {n: [] for n in names} for s in args.suite}
     order = 0
@@ -214,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "python " + shlex.join(sys.argv if argv is None else [sys.argv[0], *argv]),
         "checkouts": {name: {"folder": str(folder), "commit": commits[name],
-                             "engine": ready[name]["engine"], "model": ready[name]["model"]}
+                             "engine": ready[name]["engine"], "model": ready[name]["model"],
+                             "engine_args": engine_args.get(name, "")}
                       for name, folder in sides},
         "environment": ready[names[1]]["environment"],
         "settings": {"max_tokens": args.max_tokens, "limit": args.limit,
