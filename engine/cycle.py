@@ -24,9 +24,10 @@ import numpy as np
 from .dflash2 import CandidateSelector, DFlash2Draft
 from .draft import DFlashDraft
 from .draft_head import DraftHead
-from .events import CycleStats
+from .events import Commit, CycleStats
 from .lookup import ContextCopy, SuffixLookup
 from .pause import Pacer
+from .plain import plain_stretch
 from .plan import Plan
 from .sampling import Sampler, full_vocab
 from .targets.base import TargetAdapter, cache_arrays
@@ -34,13 +35,6 @@ from .targets.base import TargetAdapter, cache_arrays
 # A short match's repeat is proposed where the draft expects at least this share of the run it
 # expects of its own tokens (picked on held-out answers: benchmarks/stage13/choice-study-cpu.json)
 REPEAT_ODDS = 0.4
-
-
-@dataclass
-class Commit:
-    tokens: list[int]
-    n_draft: int  # leading tokens that came from the draft
-    cycle: CycleStats | None = None
 
 
 class PhaseClock:
@@ -81,13 +75,6 @@ def prefill(target: TargetAdapter, cache: list[Any], prompt: list[int], chunk: i
 
 
 # -- proposals ----------------------------------------------------------------------------
-def draft_head_logits(head: DraftHead, hidden: mx.array) -> mx.array:
-    """The draft's hidden states of a block [1, size, H] -> logits of its drafts [1, size - 1,
-    K]. The head runs on the whole block and drops the staged token's row after: a CPU BLAS
-    multiplies 16 rows faster than 15."""
-    return head(hidden)[:, 1:]
-
-
 def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
                      min_confidence: float | None = None, lengths: Sequence[int] = ()
                      ) -> mx.array:
@@ -492,7 +479,9 @@ class DraftProposer:
         """The draft's logits [1, size - 1, K] over its head for a block [1, size]
         (`DFlashDraft.__call__`'s `unsettled` and `kept`)."""
         hidden = self.draft(self.target.embed(block), self.cache, unsettled, kept)
-        return draft_head_logits(self.output_head, hidden)
+        # the head runs on the whole block, the staged token's row dropped after: a CPU BLAS
+        # multiplies 16 rows faster than 15
+        return self.output_head(hidden)[:, 1:]
 
     def prefetch(self, taps: mx.array, accepted: mx.array, following: mx.array,
                  block_size: int) -> None:
@@ -550,6 +539,15 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         paused = pacer.paused
         if paused:
             size = proposer.paused_size(size)
+            if size == 1:  # the target alone, each step queued before the last is read
+                run = yield from plain_stretch(target, proposer, pacer, cache, staged,
+                                               max_tokens - emitted, block_size, sampler,
+                                               stop_ids, index)
+                if run.stopped:
+                    return
+                staged, emitted, position = run.last, emitted + run.tokens, position + run.tokens
+                index += run.tokens
+                continue
         elif pacer.deferred:  # the paused steps' features, in one projection
             proposer.append_context(mx.concatenate(pacer.take_deferred(), axis=1))
         clock = PhaseClock(sync_phases)

@@ -35,6 +35,15 @@ class CycleStats:
         return self.accepted + 1
 
 
+@dataclass
+class Commit:
+    """What one cycle of the decode loop (engine/cycle.py) commits."""
+
+    tokens: list[int]
+    n_draft: int  # leading tokens that came from the draft
+    cycle: CycleStats | None = None
+
+
 @dataclass(frozen=True)
 class RunningStats:
     """Totals so far in one generation, for live displays."""

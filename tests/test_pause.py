@@ -11,11 +11,11 @@ import functools
 
 import mlx.core as mx
 import pytest
-from tiny_pairs import TruthOracle, plain_greedy
+from tiny_pairs import TruthOracle, cache_states, plain_greedy
 
 import engine.runtime
 from engine import DFlashConfig, DFlashRuntime
-from engine.cycle import DraftProposer, prefill
+from engine.cycle import DraftProposer, prefill, speculative_decode
 from engine.pause import (
     CALIBRATE,
     FIRST_BACKOFF,
@@ -27,6 +27,7 @@ from engine.pause import (
     WINDOW,
     Pacer,
 )
+from engine.plain import plain_stretch
 
 DRAFT_COST = 0.5  # a draft forward, in target forwards (a GPU-like cost model)
 
@@ -279,3 +280,76 @@ def test_verify_timings_keep_the_plain_step_current():
     while not pacer.paused:
         cycle(1)  # 0.5x: a full back-off at once, the step's cost being current
     assert pacer.left == FIRST_BACKOFF and pacer.pauses == 1
+
+
+def drain(stretch):
+    """-> (the Commits a plain_stretch yields, its Stretch)."""
+    commits = []
+    while True:
+        try:
+            commits.append(next(stretch))
+        except StopIteration as end:
+            return commits, end.value
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_paused_stretch_is_plain_decoding_and_discards_the_step_queued_past_a_stop(
+        tiny_pairs, family):
+    """The target alone with each step queued before the last is read: plain greedy's tokens;
+    at a stop token the step already queued on it is rolled back, so the caches end just
+    before the stop, as a prefill of what was fed leaves them."""
+    target, draft = tiny_pairs(family)
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
+        lookup_min_match=None))
+    ids = rt.encode("The quick brown fox jumps over the lazy dog.")
+    want = plain_greedy(rt.model, ids, 14)
+    stop_at = next(i for i in range(2, 13) if want[i] not in want[1:i])
+    for stop_ids, count in (((), 12), ({want[stop_at]}, 12)):
+        cache = rt.target.make_cache()
+        proposer = DraftProposer(rt.target, rt.draft)
+        prefill(rt.target, cache, ids, 512, proposer)
+        pacer = Pacer(step_s=1.0)
+        pacer.left = count  # paused for `count` tokens
+        commits, run = drain(plain_stretch(rt.target, proposer, pacer, cache, want[0], 100,
+                                           16, None, stop_ids, 7))
+        tokens = [c.tokens[0] for c in commits]
+        n = stop_at if stop_ids else count
+        assert tokens == want[1:n + 1] and run.tokens == n and run.last == tokens[-1]
+        assert run.stopped == bool(stop_ids) and pacer.paused_tokens == n
+        assert [c.cycle.index for c in commits] == list(range(7, 7 + n))
+        assert all(c.cycle.paused and c.cycle.block_size == 1 for c in commits)
+        assert len(pacer.deferred) == n  # each fed token's features, for the draft
+        ref = rt.target.make_cache()
+        prefill(rt.target, ref, ids + want[:n], 512)
+        for got, expect in zip(cache_states(cache), cache_states(ref), strict=True):
+            assert got.shape == expect.shape and mx.allclose(got, expect, atol=1e-4).item()
+
+
+def test_a_long_lookup_match_ends_a_paused_stretch_and_the_reply_stays_plain(tiny_pairs):
+    """A target whose replies repeat, a draft that never agrees: the reply pauses, and paused
+    stretches end where the suffix lookup finds a long match (the loop verifies its repeat),
+    the step queued ahead rolled back: plain greedy's tokens, and the caches as a prefill of
+    what was fed leaves them."""
+    from tiny_pairs import REPEATING
+
+    target, draft = tiny_pairs("llama", REPEATING)
+    rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(draft), config=DFlashConfig(
+        min_draft_confidence=None, lookup_min_match=3))
+    clock = Clock()
+    rt.target.forward = clock.charging(rt.target.forward, 1.0)
+    ids = rt.encode("The quick brown fox jumps over the lazy dog.")
+    n = 200
+    want = plain_greedy(rt.model, ids, n)
+    proposer = Switching(rt, ids + want, 10 ** 9, clock, [])
+    cache = rt.target.make_cache()
+    commits = list(speculative_decode(rt.target, proposer, ids, n, 16, 512, cache=cache,
+                                      pacer=Pacer(1.0, clock=clock)))
+    assert [t for c in commits for t in c.tokens] == want
+    cycles = [c.cycle for c in commits if c.cycle is not None]
+    after_plain = [b for a, b in zip(cycles, cycles[1:], strict=False)
+                   if a.paused and a.block_size == 1 and b.paused and b.block_size > 1]
+    assert after_plain and all(c.looked_up for c in after_plain)
+    ref = rt.target.make_cache()
+    prefill(rt.target, ref, ids + want[:-1], 512)
+    for got, expect in zip(cache_states(cache), cache_states(ref), strict=True):
+        assert got.shape == expect.shape and mx.allclose(got, expect, atol=1e-4).item()
