@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="also decode plainly (mlx-lm) and check every reply is identical")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
-    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None,
+    # every cycle speculates: a paused cycle (the target alone) would count as one token
+    config = DFlashConfig(min_draft_confidence=None, draft_vocab=None, pause_speculation=False,
                           lookup_min_match=args.lookup, copy_odds=args.copy_odds)
     base = DFlashRuntime.from_pretrained(model=args.model, config=config,
                                          draft=args.draft[0] if args.model else None)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
-              "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy",
+              "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy, never paused",
               "lookup_min_match": args.lookup, "copy_odds": args.copy_odds,
               "check_plain": args.check_plain,
               "machine": machine_info(),
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                        "tokens_per_cycle_nonloop":
                            nonloop_tokens_per_cycle(result.cycle_tokens, start),
                        "repeat4_share": repeated_ngram_share(result.tokens),
-                       "lookup_cycles": result.lookup_cycles, "cycles": result.cycles}
+                       "lookup_cycles": result.lookup_cycles, "cycles": result.cycles,
+                       "pauses": result.pauses}
                 if args.check_plain:
                     key = (suite, prompt.id)
                     if key not in plain:

@@ -43,3 +43,17 @@ def test_check_plain_records_each_reply_identical_and_fails_on_a_difference(
     rows = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]
     assert rows["token_match"] is False
     assert [r["first_mismatch"] for r in rows["runs"]] == [3, 3]
+
+
+def test_every_cycle_speculates_where_the_engine_would_pause(tiny_pairs, tmp_path, monkeypatch):
+    """Tokens/cycle measures the draft: cycles the engine would pause (plain steps timed as
+    nearly free, so no cycle pays) still speculate."""
+    import engine.runtime
+
+    monkeypatch.setattr(engine.runtime, "plain_step_s", lambda *a, **k: 1e-9)
+    target, draft = tiny_pairs("llama")
+    report = tmp_path / "acceptance.json"
+    assert acceptance.main(["--model", str(target), "--draft", str(draft), "--suite", "gsm8k",
+                            "--limit", "1", "--max-tokens", "60", "--json", str(report)]) == 0
+    runs = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]["runs"]
+    assert [r["pauses"] for r in runs] == [0]
