@@ -35,6 +35,10 @@
 # (the resumed half trained with mask token 151935, not the init's 151664: PART=resume
 # rebuilt the draft with the mask token picked there, since fixed; the model card of
 # engine/drafts/qwen2.5-coder-1.5b-instruct-dflash says what came of each).
+# Stage 5 (2026-12-06, one H100): no new answers; INIT=/root/stash/files/qwen-draft.tar (a tar
+# of the shipped stage-4 folder) SEED=5 TRAIN_S=940 PAUSE=450 LR=5e-4 BATCH=16 ANCHORS=64
+# PART=train, then PART=resume with TRAIN_S=965 (training's shuffling took seed 0 then: SEED
+# reaches training since).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
 files=/root/stash/files
@@ -62,7 +66,7 @@ data_args() {
 shape=(--depth ${DEPTH:-2} --taps ${TAPS:-4} --intermediate-size ${WIDTH:-2048} --block-size 16)
 # --profile-steps: the log's step_profile says where a step's time goes (target forward,
 # draft layers, the vocabulary head, loss, backward), for choosing what to speed up next
-train_args=(--model $model --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
+train_args=(--model $model --seed $SEED --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
             --anchors ${ANCHORS:-64} --steps 100000 --val-every 400 --checkpoint-every 400
             --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16 --no-progress
             --profile-steps ${PROFILE_STEPS:-10}
