@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     base = DFlashRuntime.from_pretrained(model=args.model, config=config,
                                          draft=args.draft[0] if args.model else None)
     report = {"command": "python " + " ".join(sys.argv), "max_tokens": args.max_tokens,
-              "prompt_pick": args.pick, "settings": "whole blocks, full vocabulary, greedy, never paused",
+              "prompt_pick": args.pick,
+              "settings": "whole blocks, full vocabulary, greedy, never paused",
               "lookup_min_match": args.lookup, "copy_odds": args.copy_odds,
               "check_plain": args.check_plain,
               "machine": machine_info(),

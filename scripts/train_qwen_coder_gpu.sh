@@ -65,11 +65,13 @@ data_args() {
 }
 shape=(--depth ${DEPTH:-2} --taps ${TAPS:-4} --intermediate-size ${WIDTH:-2048} --block-size 16)
 # --profile-steps: the log's step_profile says where a step's time goes (target forward,
-# draft layers, the vocabulary head, loss, backward), for choosing what to speed up next
+# draft layers, the vocabulary head, loss, backward), for choosing what to speed up next;
+# DRAFT_COMPUTE=bfloat16: the draft's matmuls in bf16 (stage 5's profile: its forward and
+# backward were most of a step in float32)
 train_args=(--model $model --seed $SEED --dtype bfloat16 --max-len 1024 --batch ${BATCH:-16}
             --anchors ${ANCHORS:-64} --steps 100000 --val-every 400 --checkpoint-every 400
             --val-size 64 --head-dtype bfloat16 --save-dtype bfloat16 --no-progress
-            --profile-steps ${PROFILE_STEPS:-10}
+            --profile-steps ${PROFILE_STEPS:-10} --draft-compute-dtype ${DRAFT_COMPUTE:-float32}
             ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB pieces (a file
   # that comes back is capped at 16 MB, all of them at 64 MB): weights over 56 MB come back

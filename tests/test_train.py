@@ -1004,3 +1004,42 @@ def test_follow_ups_are_checked_train_and_are_logged(pair, tmp_path, capsys):
     plain, moved = run("plain"), run("moved", "--follow-ups", "1")
     assert moved["config"]["follow_share"] == 1.0 and moved["steps"] == 4
     assert moved["history"][-1]["loss"] != plain["history"][-1]["loss"]
+
+
+def test_bfloat16_compute_keeps_float32_weights_and_their_gradients(pair):
+    """Mixed precision: the draft's matmuls in bfloat16, its weights and their gradients in
+    float32, the gradients close to float32 training's."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from engine.train.objective import computing_in
+
+    target, draft, batch, taps, w = random_blocks(pair, 1, sequences=2, length=50,
+                                                  prompt_len=6)
+
+    def grads_in(dtype):
+        def loss():
+            with computing_in(draft, dtype):
+                assert all(v.dtype == dtype for _, v in tree_flatten(draft.parameters()))
+                return block_loss(draft, target, batch, taps, w)
+
+        return dict(tree_flatten(nn.value_and_grad(draft, loss)()[1]))
+
+    full, mixed = grads_in(mx.float32), grads_in(mx.bfloat16)
+    assert all(v.dtype == mx.float32 for _, v in tree_flatten(draft.parameters()))
+    assert set(full) == set(mixed) and all(g.dtype == mx.float32 for g in mixed.values())
+    a = mx.concatenate([full[k].reshape(-1) for k in sorted(full)])
+    b = mx.concatenate([mixed[k].reshape(-1) for k in sorted(full)])
+    cosine = (a * b).sum() / mx.sqrt((a * a).sum() * (b * b).sum())
+    assert cosine.item() > 0.99 and not mx.array_equal(a, b).item()
+
+
+def test_training_with_bfloat16_compute_lowers_the_loss(pair, tmp_path):
+    target_dir = pair[0]
+    log = tiny_run(target_dir, tmp_path)("bf16", "--draft-compute-dtype", "bfloat16",
+                                         "--steps", "30", "--lr", "3e-3")
+    assert log["config"]["draft_compute_dtype"] == "bfloat16"
+    losses = [h["loss"] for h in log["history"]]  # means over steps 1-10, 11-20, 21-30
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    saved = mx.load(str(tmp_path / "bf16" / "model.safetensors"))
+    assert saved and all(mx.isfinite(v).all().item() for v in saved.values())

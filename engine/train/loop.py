@@ -52,6 +52,7 @@ from .objective import (
     anchored_batch,
     block_loss,
     block_runs,
+    computing_in,
     follow_up_anchors,
     forward_parts,
     low_precision_head,
@@ -119,6 +120,8 @@ class TrainConfig:
     dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
     save_dtype: str = "bfloat16"
     head_dtype: str = "float32"  # lm_head precision in the training loss (bfloat16: faster)
+    # the draft's forward and backward (bfloat16: float32 weights, bfloat16 matmuls)
+    draft_compute_dtype: str = "float32"
     mask_token_id: int | None = None
     state_dir: str | None = None  # optimizer state for --resume (default OUT/resume)
     log: str | None = None  # training log JSON (default OUT/train-log.json)
@@ -507,8 +510,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
-    loss_and_grad = nn.value_and_grad(draft, lambda b, t, s, bw: block_loss(
-        draft, target, b, t, weights, head, s, cfg.distill, cfg.confidence_power, bw))
+    compute_dtype = getattr(mx, cfg.draft_compute_dtype)
+
+    def loss_of(b: Batch, t: mx.array, s: mx.array | None, bw: mx.array | None) -> mx.array:
+        with computing_in(draft, compute_dtype):
+            return block_loss(draft, target, b, t, weights, head, s, cfg.distill,
+                              cfg.confidence_power, bw)
+
+    loss_and_grad = nn.value_and_grad(draft, loss_of)
     uses_soft = cfg.distill > 0 or cfg.confidence_power > 0
     uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
@@ -589,8 +598,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
                  *[x for x in (soft, extra_w) if x is not None])
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             if clock is not None:  # where the forward's time goes (extra work, timed steps only)
-                for phase, part in forward_parts(draft, target, batch, taps, weights, head):
-                    _lap(clock, phase_ms, phase, part)
+                with computing_in(draft, compute_dtype):
+                    for phase, part in forward_parts(draft, target, batch, taps, weights,
+                                                     head):
+                        _lap(clock, phase_ms, phase, part)
             loss, grads = loss_and_grad(batch, taps, soft, extra_w)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
@@ -814,6 +825,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=d.dtype, help="target dtype")
     p.add_argument("--save-dtype", default=d.save_dtype, choices=["float32", "bfloat16",
                                                                   "float16"])
+    p.add_argument("--draft-compute-dtype", default=d.draft_compute_dtype,
+                   choices=["float32", "bfloat16"],
+                   help="the draft's forward and backward in training: bfloat16 keeps float32 "
+                        "weights and optimizer state and runs the matmuls in bfloat16")
     p.add_argument("--head-dtype", default=d.head_dtype, choices=["float32", "bfloat16"],
                    help="lm_head precision inside the training loss (bfloat16 on GPU)")
     p.add_argument("--mask-token-id", type=int)

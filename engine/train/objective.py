@@ -5,11 +5,13 @@ optionally mixed with the target's own next-token distribution: `soft_labels`)."
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_map
 
 from ..bench.metrics import repeated_ngrams
 from ..draft import DFlashDraft
@@ -196,6 +198,21 @@ def target_features(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[i
         return feats, None
     H = feats.shape[-1] // len(ids)
     return feats[..., :-H], target.inner.norm(feats[..., -H:])
+
+
+@contextmanager
+def computing_in(module: nn.Module, dtype: mx.Dtype) -> Iterator[None]:
+    """`module` runs with its floating parameters cast to `dtype` (bfloat16: a GPU's fast
+    matmuls) while its float32 ones stay its weights: under nn.value_and_grad the gradients
+    reach those through the cast, in float32, for the optimizer (mixed precision)."""
+    weights = module.parameters()
+    cast = tree_map(lambda w: w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) else w,
+                    weights)
+    module.update(cast)
+    try:
+        yield
+    finally:
+        module.update(weights)
 
 
 Head = Callable[[mx.array], mx.array]
