@@ -29,7 +29,7 @@ from .lookup import ContextCopy, SuffixLookup
 from .pause import Pacer
 from .plain import plain_stretch
 from .plan import Plan
-from .sampling import Sampler, full_vocab
+from .sampling import Sampler, full_vocab, next_token
 from .targets.base import TargetAdapter, cache_arrays
 
 # A short match's repeat is proposed where the draft expects at least this share of the run it
@@ -528,8 +528,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
     tap_ids = proposer.tap_ids
     position = len(prompt)
     last = prefill(target, cache, prompt, prefill_chunk, proposer)
-    staged = int(target.agree(mx.argmax(last) if sampler is None
-                              else sampler.draw(sampler.probs(last)))[0])
+    staged = int(target.agree(next_token(last, sampler))[0])
     proposer.observe([staged])
     yield Commit([staged], 0)
     emitted, index = 1, 0

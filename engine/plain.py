@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from .events import Commit, CycleStats
 from .pause import Pacer
-from .sampling import Sampler
+from .sampling import Sampler, next_token
 from .targets.base import TargetAdapter
 
 
@@ -68,8 +68,7 @@ class PlainSteps:
     def choose(self, logits: mx.array) -> mx.array:
         """The token after a step: the target's argmax, or a draw from its processed
         distribution (what a 1-token verify's speculative sampling draws)."""
-        return (mx.argmax(logits) if self.sampler is None
-                else self.sampler.draw(self.sampler.probs(logits)))
+        return next_token(logits, self.sampler)
 
     def read(self, more: bool) -> tuple[int, mx.array]:
         """The pending step's token and tapped features [1, 1, F]; with `more`, the step

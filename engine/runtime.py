@@ -22,7 +22,7 @@ from .pause import Pacer
 from .plan import Plan, make_plan
 from .prompt_cache import PromptCache, PromptState, resolve_cache_bytes
 from .registry import DEFAULT_TARGET
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, next_token
 from .targets import adapter_for
 from .targets.base import TargetAdapter
 from .verify_lengths import load_or_measure, plain_step_s
@@ -411,8 +411,7 @@ def plain_decode(target: TargetAdapter, prompt: list[int], max_tokens: int,
     from mlx_lm.generate import generate_step, generation_stream
 
     def sample(logprobs: mx.array) -> mx.array:
-        token = (mx.argmax(logprobs, axis=-1) if sampler is None
-                 else sampler.draw(sampler.probs(logprobs)))
+        token = next_token(logprobs, sampler)
         return target.agree(token)[0].reshape(token.shape)  # sharded: rank 0's token
 
     plain = sampler is None and target.lockstep is None  # mlx-lm's own argmax

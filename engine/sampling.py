@@ -88,6 +88,13 @@ class Sampler:
         return a, self.draw(row)
 
 
+def next_token(logits: mx.array, sampler: Sampler | None) -> mx.array:
+    """The target's token after `logits` [..., V]: its argmax (greedy, `sampler` None), or a
+    draw from `sampler`'s processed distribution."""
+    return (mx.argmax(logits, axis=-1) if sampler is None
+            else sampler.draw(sampler.probs(logits)))
+
+
 def full_vocab(q: mx.array, ids: mx.array | None, vocab: int) -> mx.array:
     """A distribution over a token subset [n, K] (ids [K]) -> over the vocabulary [n, V]."""
     if ids is None:
