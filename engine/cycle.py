@@ -584,7 +584,8 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         else:
             proposer.append_context(taps[:, :keep])
         rollback_s = clock.lap(cache_arrays(cache, proposer.cache))
-        pacer.end(len(tokens), paused and size == 1, size, verify_s + rollback_s)
+        # paused here: a lookup repeat, not a plain step (plain_stretch runs those)
+        pacer.end(len(tokens), False, size, verify_s + rollback_s)
 
         staged = tokens[-1]
         emitted += len(tokens)
