@@ -1,5 +1,5 @@
-"""Store a draft folder's linear layers as 8-bit (or 4-bit) affine blocks, to ship a bigger
-draft in the same bytes. A CPU dequantizes them when it loads the draft
+"""Store a draft folder's linear layers as affine blocks of 2 to 8 bits (8 by default), to
+ship a bigger draft in the same bytes. A CPU dequantizes them when it loads the draft
 (`engine.loading.dequantize_floats`), so the draft computes in floats as before; only the
 rounding of the stored weights changes, and `scripts/draft_acceptance.py` on both folders
 shows what that costs in tokens/cycle. A GPU keeps them quantized.
@@ -62,7 +62,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("src", type=Path, help="a draft folder (config.json + model.safetensors)")
     p.add_argument("dst", type=Path, help="the folder to write")
-    p.add_argument("--bits", type=int, choices=[4, 8], default=8)
+    p.add_argument("--bits", type=int, choices=[2, 3, 4, 5, 6, 8], default=8)
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
     args = p.parse_args()
     sizes = quantize_draft(args.src, args.dst, args.bits, args.group_size)
