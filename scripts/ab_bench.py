@@ -120,6 +120,12 @@ def start(name: str, folder: Path, args: argparse.Namespace, engine_args: str = 
 
 
 def commit_of(folder: Path) -> str:
+    top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True).stdout.strip()
+    if not top or Path(top).resolve() != folder.resolve():
+        # a copy inside another repository (say a `git archive` unpacked in an ignored folder)
+        # would report that repository's commit
+        return "not a git checkout (name its commit in the report's note)"
     run = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
                          text=True)
     dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--",

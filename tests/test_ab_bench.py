@@ -26,3 +26,10 @@ def test_engine_args_set_one_sides_engine(tiny_pairs, tmp_path):
     assert sides["auto"]["engine_args"] == "" and sides["auto"]["model"]["lookup_min_match"]
     assert sides["nolookup"]["engine_args"] == "--lookup off --pause off"
     assert sides["nolookup"]["model"]["lookup_min_match"] is None
+
+
+def test_a_copy_inside_another_repository_records_no_commit():
+    """A side that is a copy unpacked inside another repository (say `git archive` into an
+    ignored folder) must not report that repository's commit as its own."""
+    ab_bench = load_script("ab_bench")
+    assert ab_bench.commit_of(ROOT / "engine").startswith("not a git checkout")
