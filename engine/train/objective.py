@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 
 from ..bench.metrics import repeated_ngrams
 from ..draft import DFlashDraft
@@ -206,6 +206,10 @@ def computing_in(module: nn.Module, dtype: mx.Dtype) -> Iterator[None]:
     matmuls) while its float32 ones stay its weights: under nn.value_and_grad the gradients
     reach those through the cast, in float32, for the optimizer (mixed precision)."""
     weights = module.parameters()
+    floats = [w for _, w in tree_flatten(weights) if mx.issubdtype(w.dtype, mx.floating)]
+    if all(w.dtype == dtype for w in floats):  # float32 training: no cast on every step
+        yield
+        return
     cast = tree_map(lambda w: w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) else w,
                     weights)
     module.update(cast)
