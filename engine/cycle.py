@@ -356,7 +356,9 @@ class DraftProposer:
         return self.lookup.min_match if self.lookup is not None else 0
 
     def append_context(self, taps: mx.array) -> None:
-        """Add committed tokens' tapped target features to the draft's context."""
+        """Add committed tokens' tapped target features to the draft's context (a forward
+        prefetched on the context before them is stale: a pause's plain steps came between)."""
+        self._prefetched = None
         self.draft.append_context(taps, self.cache)
 
     def paused_size(self, size: int) -> int:

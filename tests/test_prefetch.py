@@ -15,6 +15,7 @@ from tiny_pairs import plain_greedy
 from engine import DFlashConfig
 from engine.cycle import DraftProposer, speculative_decode
 from engine.errors import ConfigError
+from engine.pause import Pacer
 from engine.plan import Plan, make_plan
 
 
@@ -106,3 +107,54 @@ def test_prefetch_is_an_option_checked_once(tiny_pairs):
                     min_draft_confidence=0.4).describe()["prefetch_draft"]  # the cut reads first
     with pytest.raises(ConfigError, match="prefetch_draft"):
         DFlashConfig(prefetch_draft="yes")
+
+
+class PauseOnce(Pacer):
+    """Pauses speculation once, for `tokens` tokens, after `after` speculative cycles."""
+
+    def __init__(self, after: int, tokens: int) -> None:
+        super().__init__(step_s=1.0)
+        self.after, self.tokens, self.speculated = after, tokens, 0
+
+    def end(self, tokens, plain, verified=0, verify_s=0.0) -> None:
+        if self.paused:
+            self.left = max(self.left - tokens, 0)
+            return
+        self.speculated += 1
+        if self.speculated == self.after:
+            self.left = self.tokens
+
+
+def proposals(rt, ids: list[int], prefetch: bool, sampler=None) -> tuple[list, list[int]]:
+    """A reply with one pause after 3 cycles -> (each cycle's verify input, the tokens)."""
+    proposer = DraftProposer(rt.target, rt.draft, plan=Plan(prefetch=prefetch))
+    made = []
+    for name in ("propose", "propose_sampled"):
+        original = getattr(proposer, name)
+
+        def record(*args, _original=original):
+            out = _original(*args)
+            made.append((out if isinstance(out, mx.array) else out[0]).tolist())
+            return out
+
+        setattr(proposer, name, record)
+    tokens = []
+    for commit in speculative_decode(rt.target, proposer, ids, 60, 16, 512, sampler=sampler,
+                                     pacer=PauseOnce(after=3, tokens=5)):
+        tokens += commit.tokens
+    return made, tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_pause_discards_the_prefetched_draft(tiny_pairs, family):
+    """The forward queued before a cycle that turns out paused was staged on that cycle's
+    token: after the target's plain steps, the draft runs again on the settled context."""
+    rt = load(tiny_pairs, family)
+    ids = rt.encode("Hello world")
+    made, tokens = proposals(rt, ids, prefetch=True)
+    want, want_tokens = proposals(rt, ids, prefetch=False)
+    assert tokens == want_tokens == plain_greedy(rt.model, ids, 60)
+    # the same proposals, the first after the pause too (near the reply's end a block is
+    # cut to what is left to emit, and a prefetched one is the whole block's first slots)
+    whole = [i for i, row in enumerate(want) if len(row[0]) == 16]
+    assert len(whole) > 5 and [made[i] for i in whole] == [want[i] for i in whole]
