@@ -55,8 +55,8 @@ class DFlashConfig:
     lookup_min_match: int | None = MIN_MATCH
     # Queue each cycle's next draft forward before the cycle's one host sync, on the verify's
     # outputs still on the device, so that the device can draft while the host reads the
-    # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Greedy and
-    # whole blocks only; meant for GPUs and Metal, where a cycle waits on host work. "auto": on
+    # commit and builds the next verify (engine/cycle.py: DraftProposer.prefetch). Whole
+    # blocks only; meant for GPUs and Metal, where a cycle waits on host work. "auto": on
     # CUDA. Lossless: the target verifies every proposal.
     prefetch_draft: bool | str = "auto"
     # Queue each target forward's work every N decoder layers while the host builds the rest
@@ -248,7 +248,7 @@ def add_queueing_args(p: argparse.ArgumentParser) -> None:
     --synthetic`'s)."""
     p.add_argument("--prefetch-draft", choices=["auto", "on", "off"], default="auto",
                    help="queue the next cycle's draft forward before the cycle's host sync "
-                        "(greedy, whole blocks: on a CPU add --min-confidence off); 'auto' "
+                        "(whole blocks: on a CPU add --min-confidence off); 'auto' "
                         "(default): on CUDA GPUs, off on CPU and Metal")
     p.add_argument("--stream-verify", type=stream_arg, default="auto", metavar="auto|N|off",
                    help="queue each target forward's work every N layers while the rest of "

@@ -406,6 +406,7 @@ class DraftProposer:
         a token is kept with the target's probability of it, else redrawn without it."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
+            self._prefetched = None  # as in `propose`
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if self.selector is not None:
@@ -489,10 +490,11 @@ class DraftProposer:
                  block_size: int) -> None:
         """Before a cycle's sync: add all of its verified positions' features to the context,
         and queue the next cycle's draft forward on them, staged on the target's token after
-        the kept drafts (`following`, still on the device) and seeing only the kept positions
-        (`accepted` + 1). The device runs it while the host reads the commit and builds the
-        next verify; `settle` then trims the rejected positions. Its proposals are those of
-        the draft run after the sync, up to rounding: lossless either way."""
+        the kept drafts (`following`, still on the device: its argmax, or sampled, its draw)
+        and seeing only the kept positions (`accepted` + 1). The device runs it while the host
+        reads the commit and builds the next verify; `settle` then trims the rejected
+        positions. Its proposals are those of the draft run after the sync, up to rounding:
+        lossless either way (sampled, the draws and their q come from whichever logits)."""
         self.append_context(taps)
         self._unsettled = taps.shape[1]
         block = mx.concatenate([following.reshape(1, 1).astype(mx.int32),
@@ -571,7 +573,7 @@ def speculative_decode(target: TargetAdapter, proposer: DraftProposer, prompt: l
         accepted, following = target.agree(accepted, following)  # sharded: rank 0's
         values = commit_values(verify_in, accepted, following, proposer.took_repeat)
         verify_s = clock.lap(values)
-        prefetching = proposer.plan.prefetch and sampler is None and not paused
+        prefetching = proposer.plan.prefetch and not paused
         if prefetching:  # queued after the values: the sync below does not wait for it
             proposer.prefetch(taps, accepted, following, block_size)
 

@@ -48,7 +48,7 @@ class Plan:
     # Greedy draft proposals finished from the context at these odds (cycle.copied_proposal);
     # None: off
     copy_odds: float | None = None
-    # Greedy cycles queue the next draft forward before their one host sync
+    # Cycles queue the next draft forward before their one host sync
     # (DraftProposer.prefetch)
     prefetch: bool = False
     # Target forwards queue their work every this many layers (TargetAdapter.launch_every);

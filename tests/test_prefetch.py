@@ -17,6 +17,7 @@ from engine.cycle import DraftProposer, speculative_decode
 from engine.errors import ConfigError
 from engine.pause import Pacer
 from engine.plan import Plan, make_plan
+from engine.sampling import Sampler, SamplingParams
 
 
 def verified(rt, prompt: list[int], block: list[int]):
@@ -77,7 +78,7 @@ def test_prefetching_cycles_read_once_and_stay_greedy(tiny_pairs, family):
     assert proposer.cache[0].offset == len(ids) + len(tokens) - 1  # the last token unfed
 
 
-def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, monkeypatch):
+def test_prefetching_needs_whole_blocks_and_full_attention(tiny_pairs):
     rt = load(tiny_pairs, "llama")
     on = DFlashConfig(prefetch_draft=True, min_draft_confidence=None)
     assert make_plan(on, "cpu", rt.draft).prefetch  # asked for, whole blocks: on
@@ -88,11 +89,34 @@ def test_prefetching_needs_greedy_whole_blocks_and_full_attention(tiny_pairs, mo
         assert not make_plan(on, "cpu", rt.draft).prefetch
     finally:
         rt.draft.layers[0].self_attn.window = None
-    sampled = load(tiny_pairs, "llama", prefetch_draft=True)
-    assert sampled.describe()["prefetch_draft"]
-    monkeypatch.setattr(DraftProposer, "prefetch", lambda *a: pytest.fail("prefetched"))
-    out = sampled.generate("Hello", max_tokens=12, no_eos=True, temperature=0.8, seed=1)
-    assert len(out.tokens) == 12 and out.cycles > 1  # sampled: drafted after each sync
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_prefetching_sampled_reply_draws_what_drafting_after_each_sync_draws(tiny_pairs,
+                                                                              family):
+    """Sampled, the prefetched forward's logits are the draft's after the sync (up to
+    rounding), so a seed draws the same drafts and commits the same reply; each cycle still
+    reads the device once."""
+    rt = load(tiny_pairs, family, prefetch_draft=True, pause_speculation=False)
+    ids = rt.encode("What is 12 times 7?")
+    assert rt.describe()["prefetch_draft"]
+    replies = {}
+    for prefetch in (True, False):
+        proposer = DraftProposer(rt.target, rt.draft, plan=Plan(prefetch=prefetch))
+        queued = []
+        original = proposer.prefetch
+        proposer.prefetch = lambda *a, _o=original, _q=queued: (_q.append(1), _o(*a))[1]
+        sampler = Sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=7))
+        per_cycle, tokens = reads_per_cycle(speculative_decode(rt.target, proposer, ids, 48,
+                                                               16, 512, sampler=sampler))
+        assert len(queued) == (len(per_cycle) if prefetch else 0) and set(per_cycle) == {1}
+        replies[prefetch] = tokens
+    # up to the reply's last block, which is cut to what is left to emit (a prefetched one is
+    # the whole block's first slots: other logits, other draws)
+    assert len(replies[True]) == 48 and replies[True][:32] == replies[False][:32]
+    made, tokens = proposals(rt, ids, True, Sampler(SamplingParams(0.8, seed=3)))
+    want, want_tokens = proposals(rt, ids, False, Sampler(SamplingParams(0.8, seed=3)))
+    assert tokens[:44] == want_tokens[:44]  # and with a pause between
 
 
 def test_prefetch_is_an_option_checked_once(tiny_pairs):

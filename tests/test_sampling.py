@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 
 import mlx.core as mx
 import numpy as np
@@ -169,6 +170,31 @@ def test_speculative_sampling_keeps_the_target_distribution(setup):
     target, expected, draft_table = setup
     draft = MarkovDraft(draft_table, ids=list(range(1, V)), min_confidence=0.3)
     replies, _ = sample_replies(target, draft, SAMPLES, seed=0)
+    assert chi_square_pvalue(replies, expected) > 1e-3
+
+
+class PrefetchingMarkovDraft(MarkovDraft):
+    """`MarkovDraft` whose next block the cycle queues before its sync (DraftProposer.prefetch,
+    staged on the sampled token still on the device), whole blocks."""
+
+    draft_logits = DraftProposer.draft_logits
+
+    def __init__(self, table: np.ndarray, ids: list[int]) -> None:
+        super().__init__(table, ids, min_confidence=None)
+        self.plan = Plan(prefetch=True)
+        self.draft = types.SimpleNamespace(args=types.SimpleNamespace(mask_token_id=0))
+        self.queued = 0
+
+    def block_logits(self, block, unsettled=0, kept=None):
+        self.queued += unsettled > 0
+        return self.table[block[0, 0]][None, : block.shape[1] - 1]
+
+
+def test_prefetched_proposals_keep_the_target_distribution(setup):
+    target, expected, draft_table = setup
+    draft = PrefetchingMarkovDraft(draft_table, ids=list(range(1, V)))
+    replies, _ = sample_replies(target, draft, SAMPLES // 2, seed=4)
+    assert draft.queued > SAMPLES // 2  # most replies draft from a queued block
     assert chi_square_pvalue(replies, expected) > 1e-3
 
 
