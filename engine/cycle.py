@@ -372,7 +372,6 @@ class DraftProposer:
         (copied from the context, or chosen against a short match's repeat, where on)."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
-            self._prefetched = None  # the next cycle's forward runs on its own context
             # verified whole: a repeat tends to run on, and the draft cannot cut it
             return mx.array([[staged] + found])
         if self.selector is not None:  # a DFlash2 draft: its selector's path, nothing else
@@ -406,7 +405,6 @@ class DraftProposer:
         a token is kept with the target's probability of it, else redrawn without it."""
         length, found = self._looked_up(size)
         if found and length >= self.lookup_min_match:
-            self._prefetched = None  # as in `propose`
             q = one_hot(mx.array(found), self.target.vocab_size)
             return mx.array([[staged] + found], dtype=mx.int32), q
         if self.selector is not None:

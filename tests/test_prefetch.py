@@ -114,8 +114,8 @@ def test_a_prefetching_sampled_reply_draws_what_drafting_after_each_sync_draws(t
     # up to the reply's last block, which is cut to what is left to emit (a prefetched one is
     # the whole block's first slots: other logits, other draws)
     assert len(replies[True]) == 48 and replies[True][:32] == replies[False][:32]
-    made, tokens = proposals(rt, ids, True, Sampler(SamplingParams(0.8, seed=3)))
-    want, want_tokens = proposals(rt, ids, False, Sampler(SamplingParams(0.8, seed=3)))
+    _, tokens, _ = proposals(rt, ids, True, Sampler(SamplingParams(0.8, seed=3)))
+    _, want_tokens, _ = proposals(rt, ids, False, Sampler(SamplingParams(0.8, seed=3)))
     assert tokens[:44] == want_tokens[:44]  # and with a pause between
 
 
@@ -149,9 +149,12 @@ class PauseOnce(Pacer):
             self.left = self.tokens
 
 
-def proposals(rt, ids: list[int], prefetch: bool, sampler=None) -> tuple[list, list[int]]:
-    """A reply with one pause after 3 cycles -> (each cycle's verify input, the tokens)."""
-    proposer = DraftProposer(rt.target, rt.draft, plan=Plan(prefetch=prefetch))
+def proposals(rt, ids: list[int], prefetch: bool, sampler=None, lookup: int | None = None
+              ) -> tuple[list, list[int], int]:
+    """A reply with one pause after 3 cycles -> (each cycle's verify input, the tokens, the
+    cycles the lookup proposed)."""
+    plan = Plan(prefetch=prefetch, lookup_min_match=lookup)
+    proposer = DraftProposer(rt.target, rt.draft, plan=plan, context=ids)
     made = []
     for name in ("propose", "propose_sampled"):
         original = getattr(proposer, name)
@@ -162,21 +165,25 @@ def proposals(rt, ids: list[int], prefetch: bool, sampler=None) -> tuple[list, l
             return out
 
         setattr(proposer, name, record)
-    tokens = []
+    tokens, looked_up = [], 0
     for commit in speculative_decode(rt.target, proposer, ids, 60, 16, 512, sampler=sampler,
                                      pacer=PauseOnce(after=3, tokens=5)):
         tokens += commit.tokens
-    return made, tokens
+        looked_up += commit.cycle is not None and commit.cycle.looked_up
+    return made, tokens, looked_up
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
-def test_a_pause_discards_the_prefetched_draft(tiny_pairs, family):
+@pytest.mark.parametrize(("family", "lookup"), [("llama", None), ("qwen3_5", None),
+                                                ("llama", 2)])
+def test_a_pause_discards_the_prefetched_draft(tiny_pairs, family, lookup):
     """The forward queued before a cycle that turns out paused was staged on that cycle's
-    token: after the target's plain steps, the draft runs again on the settled context."""
+    token: after the target's plain steps, the draft runs again on the settled context. The
+    same after cycles the suffix lookup proposes (no draft forward)."""
     rt = load(tiny_pairs, family)
     ids = rt.encode("Hello world")
-    made, tokens = proposals(rt, ids, prefetch=True)
-    want, want_tokens = proposals(rt, ids, prefetch=False)
+    made, tokens, looked_up = proposals(rt, ids, True, lookup=lookup)
+    want, want_tokens, _ = proposals(rt, ids, False, lookup=lookup)
+    assert (looked_up > 2) == bool(lookup)
     assert tokens == want_tokens == plain_greedy(rt.model, ids, 60)
     # the same proposals, the first after the pause too (near the reply's end a block is
     # cut to what is left to emit, and a prefetched one is the whole block's first slots)
