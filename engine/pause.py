@@ -16,7 +16,7 @@ back-off starts over); one that does not pauses again for twice as long, up to M
 (128).
 
 Before any step of its own is timed, the pacer uses `step_s`, the runtime's measurement of a
-1-token verify at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at
+plain step at load (`verify_lengths.plain_step_s`): it is taken at a short context, so at
 long ones it can make a pause that the first probe, judged with steps timed at that length,
 undoes.
 

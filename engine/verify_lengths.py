@@ -30,10 +30,12 @@ from . import blas, device
 from .cache import cache_root
 from .cycle import prefill
 from .loading import Progress, quantization
+from .plain import PlainSteps
 from .targets.base import TargetAdapter, cache_arrays
 
 CONTEXT = 128  # tokens of context before the timed forwards (a reply's early cycles)
 ROUNDS = 4  # timed rounds over every length; the fastest of each is kept (noise only adds)
+STEPS = 8  # plain steps per timed run of the pacer's start (`queued_step_s`)
 # A longer verify within this fraction of the cheapest counts as cheapest: the timings are
 # that noisy on a busy CPU, and a longer verify can accept more.
 TOLERANCE = 0.1
@@ -52,9 +54,8 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     """Seconds of one verify forward (the forward, its argmax, taps and cache, then the
     rollback) for 1..size tokens after `context` tokens, `rounds` each: samples[T - 1].
     Lengths alternate within each round, so a slow moment spreads over all of them."""
-    cache = target.make_cache()
+    cache = prefilled(target, context)
     m = min(997, target.vocab_size - 3)  # token ids 3.. within the vocabulary
-    prefill(target, cache, [(7 * i + 11) % m + 3 for i in range(context)], context)
     samples: list[list[float]] = [[] for _ in range(size)]
     for round_index in range(rounds + 1):  # the first round compiles and warms the BLAS
         order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
@@ -71,16 +72,44 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     return samples
 
 
+def prefilled(target: TargetAdapter, context: int) -> list[Any]:
+    """A fresh target cache holding `context` tokens (ids 3.. within the vocabulary)."""
+    cache = target.make_cache()
+    m = min(997, target.vocab_size - 3)
+    prefill(target, cache, [(7 * i + 11) % m + 3 for i in range(context)], context)
+    return cache
+
+
 def plain_step_s(target: TargetAdapter, tap_ids: Sequence[int], costs_ms: Sequence[float] = (),
-                 rounds: int = 5) -> float:
-    """Seconds of a plain decoding step as the loop takes one (a 1-token verify forward
-    after CONTEXT tokens): where the pacer (engine/pause.py) starts, before it times its own.
-    Where the verify costs by length are known (`costs_ms`, measured or read from the cache),
-    their 1-token cost, the same forward: a start times no prefill for it. Otherwise the
-    median of `rounds`, timed now."""
+                 rounds: int = 3) -> float:
+    """Seconds of a plain decoding step (a 1-token verify forward after CONTEXT tokens): where
+    the pacer (engine/pause.py) starts, before it times its own. Where the verify costs by
+    length are known (`costs_ms`, measured or read from the cache: the CPU, where the cut
+    pads to them), their 1-token cost, the same forward: a start times no prefill for it.
+    Otherwise timed now as a paused stretch runs them (`queued_step_s`)."""
     if costs_ms:
         return costs_ms[0] / 1e3
-    return statistics.median(timings(target, tap_ids, 1, rounds, CONTEXT)[0])
+    return statistics.median(queued_step_s(target, tap_ids, rounds, CONTEXT))
+
+
+def queued_step_s(target: TargetAdapter, tap_ids: Sequence[int], rounds: int, context: int,
+                  steps: int = STEPS) -> list[float]:
+    """Seconds per step of `rounds` runs of `steps` plain steps after `context` tokens, each
+    queued before the last one's token is read (engine/plain.py's PlainSteps, as mlx-lm's
+    generate_step). On a GPU a step timed on its own also pays the host building its graph,
+    which queued steps overlap with the device's work: the pacer would take a cycle for
+    cheaper than it is, in plain steps, and keep speculating where the draft does not pay."""
+    cache = prefilled(target, context)
+    per_step = []
+    for round_index in range(rounds + 1):  # the first round compiles and warms up
+        start = time.perf_counter()
+        run = PlainSteps(target, cache, 5, list(tap_ids), None)
+        for i in range(steps):
+            run.read(more=i + 1 < steps)
+        if round_index:
+            per_step.append((time.perf_counter() - start) / steps)
+        run.close()
+    return per_step
 
 
 def padded_lengths(costs: Sequence[float], tolerance: float = TOLERANCE) -> tuple[int, ...]:

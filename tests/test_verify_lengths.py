@@ -68,13 +68,30 @@ def test_measure_times_every_length_and_leaves_the_cache_as_it_was(tiny_pairs):
 
 def test_a_plain_steps_cost_comes_from_the_measured_verify_costs(tiny_pairs, monkeypatch):
     """The pacer's start: the 1-token verify cost where the costs by length are known (no
-    forward timed at load), else a timing of that forward."""
+    forward timed at load), else a timing of queued plain steps."""
     rt = load(tiny_pairs, "llama", min_draft_confidence=None)
     taps = rt.draft.args.target_layer_ids
-    monkeypatch.setattr(verify_lengths, "timings", lambda *a: pytest.fail("timed a forward"))
+    monkeypatch.setattr(verify_lengths, "queued_step_s", lambda *a: pytest.fail("timed"))
     assert verify_lengths.plain_step_s(rt.target, taps, [250.0, 300.0]) == 0.25
-    monkeypatch.setattr(verify_lengths, "timings", lambda *a: [[0.3, 0.1, 0.2]])
+    monkeypatch.setattr(verify_lengths, "queued_step_s", lambda *a: [0.3, 0.1, 0.2])
     assert verify_lengths.plain_step_s(rt.target, taps) == 0.2
+
+
+def test_the_timed_plain_steps_are_queued_as_a_paused_stretch_queues_them(tiny_pairs,
+                                                                          monkeypatch):
+    """Each step is queued before the last one's token is read (PlainSteps), so where the
+    host's graph building overlaps the device's work (a GPU) the start is what a paused step
+    costs."""
+    from engine.plain import PlainSteps
+
+    rt = load(tiny_pairs, "llama", min_draft_confidence=None)
+    reads, read = [], PlainSteps.read
+    monkeypatch.setattr(PlainSteps, "read", lambda self, more: (reads.append(more),
+                                                                read(self, more))[1])
+    per_step = verify_lengths.queued_step_s(rt.target, rt.draft.args.target_layer_ids,
+                                            rounds=2, context=8, steps=4)
+    assert len(per_step) == 2 and all(0 < s < 10 for s in per_step)
+    assert reads == [True, True, True, False] * 3  # a warm-up run, then the timed ones
 
 
 def test_the_measurement_is_kept_and_reused(tiny_pairs, tmp_path, monkeypatch):
