@@ -25,6 +25,7 @@ from .dflash2 import CandidateSelector, DFlash2Draft
 from .draft import DFlashDraft
 from .draft_head import DraftHead
 from .events import Commit, CycleStats
+from .kernels.cpu_softmax import softmax
 from .lookup import ContextCopy, SuffixLookup
 from .pause import Pacer
 from .plain import plain_stretch
@@ -86,10 +87,9 @@ def drafted_proposal(staged: int, logits: mx.array, head: DraftHead,
 
 
 def top_probability(logits: mx.array) -> mx.array:
-    """Draft logits [1, n, K] -> the draft's probability of its top token at each slot [n].
-    Over a subset head this softmax omits the tokens outside it, so it slightly overestimates
-    it: fine for the heuristics that read it (the verify cut, the choice)."""
-    return mx.exp(mx.max(logits[0], axis=-1) - mx.logsumexp(logits[0], axis=-1))
+    """Draft logits [1, n, K] -> the draft's probability of its top token at each slot [n]
+    (over a subset head slightly overestimated: fine for the verify cut and the choice)."""
+    return mx.max(softmax(logits[0]), axis=-1)
 
 
 def verify_length(logits: mx.array, min_confidence: float | None, size: int,
@@ -140,7 +140,7 @@ def choose_proposal(staged: int, logits: mx.array, head: DraftHead, repeat: Sequ
     the draft's own top tokens. The choice stays on the device (no sync of its own); the
     verify cut, where on, applies to the draft's proposal only. -> (verify input, whether the
     repeat was taken: a bool scalar)."""
-    probs = mx.softmax(logits[0], axis=-1, precise=True)
+    probs = softmax(logits[0])
     drafted = head.token_ids(mx.argmax(logits[0], axis=-1)).astype(mx.int32)
     take, tokens = take_repeat(probs, head, repeat, drafted)
     proposal = mx.concatenate([mx.array([staged], dtype=mx.int32), tokens])[None]
@@ -191,7 +191,7 @@ def copied_proposal(staged: int, logits: mx.array, head: DraftHead, copy: Contex
     cut then reads the chosen tokens' probabilities. Lossless: the target verifies it.
     -> (verify input [1, <= size], whether the repeat was taken)."""
     # float32 on the host: numpy has no bfloat16 (a bf16 draft's logits)
-    probs_d = mx.softmax(logits[0], axis=-1, precise=True).astype(mx.float32)  # [n, K]
+    probs_d = softmax(logits[0]).astype(mx.float32)  # [n, K]
     top_d = mx.argmax(probs_d, axis=-1)
     ids_d = head.token_ids(top_d)
     mx.eval(probs_d, top_d, ids_d)  # the cycle's read before its verify

@@ -15,13 +15,13 @@ kept. Temperature 0 never comes here: the engine keeps its exact greedy path.
 
 from __future__ import annotations
 
-import math
 import secrets
 
 import mlx.core as mx
 
 # Plain Python, in config so a UI can check settings without loading MLX; re-exported here.
 from .config import SamplingParams
+from .kernels.cpu_softmax import softmax
 
 __all__ = ["Sampler", "SamplingParams", "full_vocab"]
 
@@ -39,27 +39,28 @@ class Sampler:
         return key
 
     def probs(self, logits: mx.array) -> mx.array:
-        """logits [..., V] -> the processed distribution [..., V] (float32, rows sum to 1)."""
+        """logits [..., V] -> the processed distribution [..., V] (float32, rows sum to 1):
+        the softmax at the temperature, then the filters, renormalized."""
         p = self.params
-        logprobs = logits.astype(mx.float32) / p.temperature
-        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-        removed = mx.zeros(logprobs.shape, dtype=mx.bool_)
-        if p.top_k and p.top_k < logprobs.shape[-1]:
-            kth = mx.sort(logprobs, axis=-1)[..., -p.top_k][..., None]
-            removed = removed | (logprobs < kth)
+        scaled = logits.astype(mx.float32) / p.temperature
+        probs = softmax(scaled)
+        if not (p.top_k and p.top_k < scaled.shape[-1]) and p.top_p == 1.0 and p.min_p == 0:
+            return probs
+        removed = mx.zeros(scaled.shape, dtype=mx.bool_)
+        if p.top_k and p.top_k < scaled.shape[-1]:
+            kth = mx.sort(scaled, axis=-1)[..., -p.top_k][..., None]
+            removed = removed | (scaled < kth)
         if p.top_p < 1.0:
             # Drop the tokens whose more likely tokens already hold top_p (the top one stays).
-            ordered = mx.sort(logprobs, axis=-1)
-            probs = mx.exp(ordered)
-            above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+            ordered = mx.sort(probs, axis=-1)
+            above = mx.cumsum(ordered, axis=-1, reverse=True, inclusive=False)
             dropped = (above >= p.top_p).sum(axis=-1, keepdims=True)
             threshold = mx.take_along_axis(ordered, dropped, axis=-1)
-            removed = removed | (logprobs < threshold)
+            removed = removed | (probs < threshold)
         if p.min_p > 0:
-            top = mx.max(logprobs, axis=-1, keepdims=True)
-            removed = removed | (logprobs < top + math.log(p.min_p))
-        probs = mx.where(removed, 0.0, mx.exp(logprobs))
-        return probs / mx.sum(probs, axis=-1, keepdims=True)
+            removed = removed | (probs < mx.max(probs, axis=-1, keepdims=True) * p.min_p)
+        kept = mx.where(removed, 0.0, probs)
+        return kept / mx.sum(kept, axis=-1, keepdims=True)
 
     def draw(self, probs: mx.array) -> mx.array:
         """One token id per row of `probs` [..., V]."""

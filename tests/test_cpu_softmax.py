@@ -49,6 +49,20 @@ def rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("shape", [(16, 49152), (15, 8192), (3, 7001)])
+def test_softmax_through_the_kernel_equals_mlx_and_leaves_its_input(kernel, shape):
+    """cpu_softmax.softmax (the sampler's and the draft heuristics' softmax, at vocabulary
+    sizes): x minus its row max through the kernel, the same bits as MLX's, x untouched."""
+    assert np.prod(shape) >= cpu_softmax.MIN_ELEMENTS
+    x = mx.array(rows(np.random.default_rng(shape[0]), shape))
+    view = x[1:]  # a view of another array's buffer: it must stay as it was too
+    mx.eval(x, view)
+    before = np.array(x)
+    want = np.array(mx.softmax(view, axis=-1, precise=True, stream=mx.cpu))
+    got = cpu_softmax.softmax(view)
+    assert same_bits(np.array(got), want) and same_bits(np.array(x), before)
+
+
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 1000, 4001])
 def test_kernel_equals_mlx_softmax(kernel, n):
     rng = np.random.default_rng(n)
@@ -141,7 +155,7 @@ def test_eligible_only_for_float32_cpu_attention_without_extras(kernel, monkeypa
     assert not cpu_attention.eligible(half, kv, kv, "causal", None, None)
     monkeypatch.setenv(cpu_native.ENV, "auto")  # tiny: not worth a sync
     assert not cpu_attention.eligible(q, kv, kv, "causal", None, None)
-    big = mx.zeros((1, 2, cpu_attention.MIN_SCORES // 64, 16))  # 4 heads x 16 queries
+    big = mx.zeros((1, 2, cpu_softmax.MIN_ELEMENTS // 64, 16))  # 4 heads x 16 queries
     assert cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)
     monkeypatch.setenv(cpu_native.ENV, "off")  # the switch: never, however big
     assert not cpu_attention.eligible(mx.zeros((1, 4, 16, 16)), big, big, "causal", None, None)

@@ -22,6 +22,9 @@ from .cpu_native import Kernel, mode  # noqa: F401  (mode: callers read the swit
 SOURCE = Path(__file__).with_name("cpu_softmax.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-ffp-contract=off")
 PER_THREAD = 1 << 18  # elements: a smaller share costs more to start than it saves
+# Elements (rows x columns) from which the kernel pays for the sync it needs (`auto`); `on`
+# uses it at every size (tests)
+MIN_ELEMENTS = 1 << 14
 
 
 def _setup(lib: ctypes.CDLL) -> None:
@@ -55,6 +58,20 @@ def softmax_(x: mx.array, causal_offset: int | None = None) -> bool:
     lib.dflash_softmax(buf.ctypes.data, buf.ctypes.data, x.size // n, n, qlen,
                        causal_offset or 0, threads)
     return True
+
+
+def softmax(x: mx.array) -> mx.array:
+    """`mx.softmax(x, axis=-1, precise=True)`, the same bits. On a CPU with the kernel on, for
+    a float32 `x` big enough to pay: x minus its row max (a fresh array: x stays as it was;
+    the kernel's own max is then 0, and its exponentials the same), evaluated now and turned
+    into the softmax in place, without MLX's one-element-at-a-time exponentials."""
+    on = mode() == "on" or (mode() == "auto" and x.size >= MIN_ELEMENTS)
+    if on and x.dtype == mx.float32 and mx.default_device() == mx.cpu:
+        shifted = x - mx.max(x, axis=-1, keepdims=True)
+        mx.eval(shifted)
+        if softmax_(shifted):
+            return shifted
+    return mx.softmax(x, axis=-1, precise=True)
 
 
 def _agrees(lib: ctypes.CDLL) -> bool:

@@ -30,9 +30,6 @@ from ..kernels import cpu_linear, cpu_softmax, cuda_attention
 # Attention modules whose __call__ reaches attention through their module's global
 # scaled_dot_product_attention (qwen3_5's full-attention layers are Qwen3NextAttention).
 MODULES = (llama.Attention, qwen2.Attention, qwen3.Attention, qwen3_next.Qwen3NextAttention)
-# Scores per forward (query rows x keys, all heads) from which the kernel pays for its sync
-# (`auto`); `on` uses it on every eligible call (tests).
-MIN_SCORES = 1 << 14
 
 
 def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
@@ -65,7 +62,8 @@ def eligible(q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, sinks
     if k.shape[-2] < q.shape[-2] or current() != "cpu":
         return False
     mode = cpu_softmax.mode()  # "off": never; "on": every size; "auto": big enough to pay
-    big = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[-2] >= MIN_SCORES
+    # scores per forward: query rows x keys, all heads
+    big = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[-2] >= cpu_softmax.MIN_ELEMENTS
     return mode != "off" and (big or mode == "on") and cpu_softmax.library() is not None
 
 
