@@ -66,7 +66,8 @@ def softmax(x: mx.array) -> mx.array:
     the kernel's own max is then 0, and its exponentials the same), evaluated now and turned
     into the softmax in place, without MLX's one-element-at-a-time exponentials."""
     on = mode() == "on" or (mode() == "auto" and x.size >= MIN_ELEMENTS)
-    if on and x.dtype == mx.float32 and mx.default_device() == mx.cpu:
+    on = on and x.dtype == mx.float32 and mx.default_device() == mx.cpu
+    if on and library() is not None:
         shifted = x - mx.max(x, axis=-1, keepdims=True)
         mx.eval(shifted)
         if softmax_(shifted):
