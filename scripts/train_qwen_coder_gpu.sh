@@ -19,6 +19,11 @@
 #   bench  dflash benchmark on SUITES (default: all three, LIMIT prompts each) with the
 #          shipped draft (or DRAFT=/root/draft), mlx-lm plain and mlx-lm speculative with the
 #          0.5B draft at K=2..6, at the GPU's default precision -> $OUT/qwen2.5-coder-1.5b-*-gpu.json
+#   probe  where a cycle's time goes on this GPU (scripts/gpu_cycle_probe.py's host and cycle
+#          parts at checkpoint precision, the shipped draft or DRAFT) -> $OUT/...-cycle-probe-gpu.json
+#   ab     an engine change's same-run A/B (scripts/ab_bench.py, DFlash alone, LIMIT prompts per
+#          suite, default 3) against the checkout BEFORE (default .ab-before: `git archive REV`
+#          without the drafts' weights, carried), greedy and at each of TEMPS (default 0.7)
 # Make the calls back to back: the machine goes back after 30 s idle and the staging with it
 # (copy what a call returned after starting the next one).
 # Stage 1 (2026-12-06, one H100): SEED=1 SLICE=0/4 GEN_S=400 GEN_BATCH=512 PART=gen, then
@@ -130,5 +135,16 @@ bench)
       --suite $suite ${LIMIT:+--limit $LIMIT} --max-tokens 256 --ar-draft qwen2.5-coder-0.5b \
       --json "$OUT/qwen2.5-coder-1.5b-$suite-gpu.json" 2>&1 | tail -n 12
   done ;;
-*) echo "PART=gen|train|resume|more|bench" >&2; exit 2 ;;
+probe)
+  timeout ${BENCH_S:-560} python3 scripts/gpu_cycle_probe.py --parts host,cycle \
+    --precisions checkpoint --model $model ${DRAFT:+--draft $DRAFT} --budget 400 \
+    --out "$OUT/qwen2.5-coder-1.5b-cycle-probe-gpu.json" 2>&1 | tail -n 20 ;;
+ab)
+  for t in 0 ${TEMPS:-0.7}; do
+    timeout ${BENCH_S:-280} python3 scripts/ab_bench.py --checkout before=${BEFORE:-.ab-before} \
+      --checkout after=. --model $model ${DRAFT:+--draft $DRAFT} --suite humaneval \
+      --suite gsm8k --suite mt-bench --limit ${LIMIT:-3} --no-baseline --temperature $t \
+      --seed 0 --json "$OUT/qwen2.5-coder-1.5b-ab-t$t-gpu.json" 2>&1 | tail -n 8
+  done ;;
+*) echo "PART=gen|train|resume|more|bench|probe|ab" >&2; exit 2 ;;
 esac
