@@ -87,7 +87,7 @@ def test_sampled_benchmark_reports_speed_without_a_token_match(tiny_pairs, tmp_p
     target, draft = tiny_pairs("llama")
     out = tmp_path / "sampled.json"
     rc = benchmark_main(["--model", str(target), "--draft", str(draft), "--prompt", "Hi",
-                         "--max-tokens", "12", "--no-eos", "--temperature", "0.7",
+                         "--max-tokens", "12", "--temperature", "0.7",
                          "--seed", "1", "--json", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
@@ -95,7 +95,11 @@ def test_sampled_benchmark_reports_speed_without_a_token_match(tiny_pairs, tmp_p
     assert report["settings"]["sampling"]["temperature"] == 0.7
     assert report["summary"]["token_match"] is None and report["runs"][0]["token_match"] is None
     assert report["baseline_function"].endswith("make_sampler")
-    assert report["runs"][0]["dflash"]["generated_tokens"] == 12
+    # the replies differ: both sides generate every token asked for, EOS or not
+    assert report["settings"]["no_eos"] is True
+    assert report["baseline_function"].startswith("mlx_lm.generate.generate_step")
+    run = report["runs"][0]
+    assert run["dflash"]["generated_tokens"] == run["baseline"]["generated_tokens"] == 12
     assert benchmark_main(["--prompt", "Hi", "--temperature", "-0.5"]) == 2
     assert "temperature=-0.5 is invalid" in capsys.readouterr().err
 

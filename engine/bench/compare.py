@@ -383,6 +383,9 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     `ar_draft`: also time mlx-lm's speculative decoding with it at each of its Ks.
     `plain_engine`: also time the runtime with speculation off (the target alone).
     Returns the report dict that --json writes (without the command line)."""
+    # Sampled, the sides' replies differ, and their lengths would too (a reply cut short by
+    # its EOS is mostly prefill): each side generates max_tokens tokens
+    no_eos = no_eos or bool((sampling or {}).get("temperature"))
     opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed,
                    ar_draft.model if ar_draft else None, ar_draft.ks if ar_draft else (),
                    plain_engine)
