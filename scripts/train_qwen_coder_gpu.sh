@@ -50,6 +50,9 @@
 # steps at a median 134 ms (stage 5 in float32: 154); held-out 2.86 -> 2.87 (walk 2.85 -> 2.90):
 # the warm-up to 5e-4 knocked it to 2.43 first, as in stage 5 (2.59 -> 2.25). A short
 # continuation wants a lower LR.
+# Stage 7 (2026-12-07, one H100, after ten failed starts): SEED=7 SLICE=0/4 GEN_S=200
+# GEN_BATCH=512 PART=gen (11,695 answers), then INIT (stage 5's 8-bit return) SEED=7 TRAIN_S=207
+# TAIL_S=100 LR=2e-4 BATCH=16 ANCHORS=64 PART=train: 1,393 steps, held-out 2.86 -> 2.73 -> 2.86.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
 files=/root/stash/files
