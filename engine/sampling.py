@@ -21,7 +21,7 @@ import mlx.core as mx
 
 # Plain Python, in config so a UI can check settings without loading MLX; re-exported here.
 from .config import SamplingParams
-from .kernels.cpu_softmax import softmax
+from .kernels.cpu_softmax import distribution
 
 __all__ = ["Sampler", "SamplingParams", "full_vocab"]
 
@@ -43,7 +43,7 @@ class Sampler:
         the softmax at the temperature, then the filters, renormalized."""
         p = self.params
         scaled = logits.astype(mx.float32) / p.temperature
-        probs = softmax(scaled)
+        probs = distribution(scaled)
         if not (p.top_k and p.top_k < scaled.shape[-1]) and p.top_p == 1.0 and p.min_p == 0:
             return probs
         removed = mx.zeros(scaled.shape, dtype=mx.bool_)

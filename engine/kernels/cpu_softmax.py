@@ -61,10 +61,31 @@ def softmax_(x: mx.array, causal_offset: int | None = None) -> bool:
 
 
 def softmax(x: mx.array) -> mx.array:
-    """`mx.softmax(x, axis=-1, precise=True)`, the same bits. On a CPU with the kernel on, for
-    a float32 `x` big enough to pay: x minus its row max (a fresh array: x stays as it was;
-    the kernel's own max is then 0, and its exponentials the same), evaluated now and turned
-    into the softmax in place, without MLX's one-element-at-a-time exponentials."""
+    """`mx.softmax(x, axis=-1, precise=True)`, the same bits: through the kernel where it pays
+    (`_through_kernel`)."""
+    y = _through_kernel(x)
+    return y if y is not None else mx.softmax(x, axis=-1, precise=True)
+
+
+def distribution(x: mx.array) -> mx.array:
+    """Softmax over the last axis as a probability distribution (sampling's). Through the
+    kernel, each row is then rescaled by its float64 sum: MLX's and the kernel's float32 row
+    sums add one element after another, which over a vocabulary is off by up to 1e-4 (every
+    token's share alike); a GPU's reductions are not."""
+    y = _through_kernel(x)
+    if y is None:
+        return mx.softmax(x, axis=-1, precise=True)
+    buf = np.asarray(memoryview(y))
+    np.multiply(buf, (1.0 / buf.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32),
+                out=buf)
+    return y
+
+
+def _through_kernel(x: mx.array) -> mx.array | None:
+    """On a CPU with the kernel on, for a float32 `x` big enough to pay: x minus its row max (a
+    fresh array: x stays as it was; the kernel's own max is then 0, and its exponentials the
+    same), evaluated now and turned into MLX's softmax in place, without MLX's
+    one-element-at-a-time exponentials. None where it does not apply."""
     on = mode() == "on" or (mode() == "auto" and x.size >= MIN_ELEMENTS)
     on = on and x.dtype == mx.float32 and mx.default_device() == mx.cpu
     if on and library() is not None:
@@ -72,7 +93,7 @@ def softmax(x: mx.array) -> mx.array:
         mx.eval(shifted)
         if softmax_(shifted):
             return shifted
-    return mx.softmax(x, axis=-1, precise=True)
+    return None
 
 
 def _agrees(lib: ctypes.CDLL) -> bool:
