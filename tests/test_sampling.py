@@ -451,9 +451,12 @@ def test_filters_shape_the_distribution():
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.7),
                                     SamplingParams(temperature=0.7, top_p=0.9),
                                     SamplingParams(temperature=1.0, top_k=40, min_p=0.05)])
-def test_processed_distributions_at_vocabulary_size(params):
-    """At a real vocabulary's size (where a CPU's softmax runs through its vectorized kernel):
-    the processed distribution against float64 numpy's, row by row."""
+@pytest.mark.parametrize("kernels", ["auto", "off"])
+def test_processed_distributions_at_vocabulary_size(params, kernels, monkeypatch):
+    """At a real vocabulary's size (where a CPU's softmax runs through its vectorized kernel,
+    or with the kernels off MLX's): the processed distribution against float64 numpy's, row
+    by row."""
+    monkeypatch.setenv("DFLASH_CPU_KERNELS", kernels)
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((4, 49152)) * 3).astype(np.float32)
     got = np.array(Sampler(params).probs(mx.array(logits)))

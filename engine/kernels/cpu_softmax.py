@@ -68,17 +68,21 @@ def softmax(x: mx.array) -> mx.array:
 
 
 def distribution(x: mx.array) -> mx.array:
-    """Softmax over the last axis as a probability distribution (sampling's). Through the
-    kernel, each row is then rescaled by its float64 sum: MLX's and the kernel's float32 row
-    sums add one element after another, which over a vocabulary is off by up to 1e-4 (every
-    token's share alike); a GPU's reductions are not."""
+    """Softmax over the last axis as a probability distribution (sampling's). On a CPU each
+    row is then rescaled by its float64 sum: MLX's and the kernel's float32 row sums add one
+    element after another, which over a vocabulary is off by up to 1e-4 (every token's share
+    alike); a GPU's reductions are not. A kernel result is evaluated and ours: rescaled in
+    place (numpy); otherwise in the graph."""
     y = _through_kernel(x)
-    if y is None:
-        return mx.softmax(x, axis=-1, precise=True)
-    buf = np.asarray(memoryview(y))
-    np.multiply(buf, (1.0 / buf.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32),
-                out=buf)
-    return y
+    if y is not None:
+        buf = np.asarray(memoryview(y))
+        sums = buf.sum(axis=-1, keepdims=True, dtype=np.float64)
+        np.multiply(buf, (1.0 / sums).astype(np.float32), out=buf)
+        return y
+    y = mx.softmax(x, axis=-1, precise=True)
+    if mx.default_device() != mx.cpu:
+        return y
+    return (y / mx.sum(y.astype(mx.float64), axis=-1, keepdims=True)).astype(mx.float32)
 
 
 def _through_kernel(x: mx.array) -> mx.array | None:
