@@ -66,7 +66,7 @@ def worker(args: argparse.Namespace) -> int:
     rt = DFlashRuntime.from_pretrained(args.model, args.draft, config)
     sampling = ({"temperature": args.temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                  "seed": args.seed} if args.temperature else {})
-    opts = Options(max_tokens=args.max_tokens, no_eos=bool(sampling), sampling=sampling)
+    opts = Options(max_tokens=args.max_tokens, sampling=sampling)
     if args.no_baseline:  # compilation and allocation outside the timed runs
         run_dflash(rt, encode(rt, prompts[args.suite[0]][0]), opts)
     else:

@@ -84,6 +84,11 @@ class Options:
     ar_ks: tuple[int, ...] = ()  # its num_draft_tokens values, one row each
     plain_engine: bool = False  # also time the runtime with speculation off
 
+    def __post_init__(self) -> None:
+        # Sampled, the sides' replies differ, and their lengths would too (a reply cut short by
+        # its EOS is mostly prefill): each side generates max_tokens tokens
+        self.no_eos = self.no_eos or not self.greedy
+
     @property
     def greedy(self) -> bool:
         return not self.sampling.get("temperature")
@@ -383,9 +388,6 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
     `ar_draft`: also time mlx-lm's speculative decoding with it at each of its Ks.
     `plain_engine`: also time the runtime with speculation off (the target alone).
     Returns the report dict that --json writes (without the command line)."""
-    # Sampled, the sides' replies differ, and their lengths would too (a reply cut short by
-    # its EOS is mostly prefill): each side generates max_tokens tokens
-    no_eos = no_eos or bool((sampling or {}).get("temperature"))
     opts = Options(max_tokens, no_eos, profile, dict(sampling or {}), oracle, oracle_seed,
                    ar_draft.model if ar_draft else None, ar_draft.ks if ar_draft else (),
                    plain_engine)
@@ -418,7 +420,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
         "dtype": desc["dtype"],
         "model": desc,
         "settings": {"max_tokens": max_tokens, "repeat": repeat, "cooldown_s": cooldown,
-                     "no_eos": no_eos, "warmup": warmup, "greedy": opts.greedy,
+                     "no_eos": opts.no_eos, "warmup": warmup, "greedy": opts.greedy,
                      "sampling": None if opts.greedy else opts.sampling,
                      "prefill_step": rt.prefill_chunk,
                      "block_size": rt.plan.block_size, "max_ctx": rt.config.max_ctx,
@@ -429,7 +431,7 @@ def run_benchmark(rt: Any, prompts: Sequence[BenchPrompt | str], max_tokens: int
                      "lookup_min_match": None if oracle else rt.config.lookup_min_match,
                      "oracle_tokens_per_cycle": oracle, "oracle_seed": oracle_seed if oracle
                      else None, "plain_engine": plain_engine},
-        "baseline_function": baseline_function(no_eos)
+        "baseline_function": baseline_function(opts.no_eos)
         + ("" if opts.greedy else " + mlx_lm.sample_utils.make_sampler"),
         "ar_draft": ar_draft.describe() if ar_draft else None,
         "prompt_format": prompt_format,
