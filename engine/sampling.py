@@ -44,11 +44,12 @@ class Sampler:
         p = self.params
         scaled = logits.astype(mx.float32) / p.temperature
         probs = distribution(scaled)
-        if not (p.top_k and p.top_k < scaled.shape[-1]) and p.top_p == 1.0 and p.min_p == 0:
+        top_k = p.top_k if p.top_k < scaled.shape[-1] else 0  # all of them: no filter
+        if not top_k and p.top_p == 1.0 and p.min_p == 0:
             return probs
         removed = mx.zeros(scaled.shape, dtype=mx.bool_)
-        if p.top_k and p.top_k < scaled.shape[-1]:
-            kth = mx.sort(scaled, axis=-1)[..., -p.top_k][..., None]
+        if top_k:
+            kth = mx.sort(scaled, axis=-1)[..., -top_k][..., None]
             removed = removed | (scaled < kth)
         if p.top_p < 1.0:
             # Drop the tokens whose more likely tokens already hold top_p (the top one stays).

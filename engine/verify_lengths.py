@@ -55,12 +55,11 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     rollback) for 1..size tokens after `context` tokens, `rounds` each: samples[T - 1].
     Lengths alternate within each round, so a slow moment spreads over all of them."""
     cache = prefilled(target, context)
-    m = min(997, target.vocab_size - 3)  # token ids 3.. within the vocabulary
     samples: list[list[float]] = [[] for _ in range(size)]
     for round_index in range(rounds + 1):  # the first round compiles and warms the BLAS
         order = range(1, size + 1) if round_index % 2 else range(size, 0, -1)
         for tokens in order:
-            ids = mx.array([[(13 * i + 5) % m + 3 for i in range(tokens)]])
+            ids = mx.array([token_ids(target, tokens, 13, 5)])
             target.begin_verify(cache)
             start = time.perf_counter()
             logits, taps = target.forward(ids, cache, tap_ids)
@@ -72,11 +71,16 @@ def timings(target: TargetAdapter, tap_ids: Sequence[int], size: int, rounds: in
     return samples
 
 
-def prefilled(target: TargetAdapter, context: int) -> list[Any]:
-    """A fresh target cache holding `context` tokens (ids 3.. within the vocabulary)."""
-    cache = target.make_cache()
+def token_ids(target: TargetAdapter, n: int, step: int, offset: int) -> list[int]:
+    """`n` arbitrary token ids 3.. within the vocabulary (the timed forwards' inputs)."""
     m = min(997, target.vocab_size - 3)
-    prefill(target, cache, [(7 * i + 11) % m + 3 for i in range(context)], context)
+    return [(step * i + offset) % m + 3 for i in range(n)]
+
+
+def prefilled(target: TargetAdapter, context: int) -> list[Any]:
+    """A fresh target cache holding `context` tokens."""
+    cache = target.make_cache()
+    prefill(target, cache, token_ids(target, context, 7, 11), context)
     return cache
 
 
