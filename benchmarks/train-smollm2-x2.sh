@@ -3,6 +3,9 @@
 # answer fresh real-prompt slices with continuous batching (answers are regenerated each
 # session: big data is not kept), then the shipped draft trains on, data-parallel on both
 # GPUs (NCCL), on stage 5's data (benchmarks/stage5/) plus the new answers.
+# The loss options some stages tried (--distill, --confidence-power, --surprise-weight,
+# --repeat-weight, --follow-ups) were deleted after they measured no better (checkout 0343c0e
+# to rerun those commands).
 #   stage 6: SEED=7 SKIP_ANSWERED=0 GEN_ARGS=--gen-back-to-back PART=gen GEN_S=400
 #            GEN_BATCH_1=384, then PART=train TRAIN_S=400, PART=more MORE_S=420 (stage-5 INIT)
 #   stage 7: SEED=8 PART=gen GEN_S=270, PART=train TRAIN_S=400, PART=more1 MORE_S=250

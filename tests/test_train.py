@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -36,20 +35,13 @@ from engine.train.loop import (
 )
 from engine.train.objective import (
     Batch,
-    anchor_probability,
     block_loss,
     context_mask,
-    follow_up_anchors,
     forward_parts,
-    label_probability,
     make_batch,
-    repeat_weights,
     repeated_positions,
     slot_logits,
     slot_weights,
-    soft_labels,
-    surprise_weights,
-    target_features,
     target_taps,
     tokens_per_cycle,
     train_forward,
@@ -255,135 +247,23 @@ def tiny_run(target_dir, tmp_path, sequences=None):
     return run
 
 
-def test_soft_labels_are_the_targets_prediction_of_each_slot(pair):
-    """On greedy data the target's own distribution at every slot peaks at that slot's label:
-    the soft labels sit at the right positions, and the taps are the plain forward's."""
-    _, draft_dir, model, tokenizer = pair
-    draft = load_draft_folder(draft_dir)
-    rt = DFlashRuntime(model, tokenizer, draft)
-    prompts = ([5, 17, 40, 2, 99, 123, 7], [3, 3, 3, 3, 8, 9])
-    replies = [list(rt.generate(p, max_tokens=24, speculative=False).tokens) for p in prompts]
-    data = Dataset([p + r for p, r in zip(prompts, replies)], [len(p) for p in prompts])
-    batch = make_batch(data, [0, 1], 16, draft.args.block_size, draft.args.mask_token_id,
-                       np.random.default_rng(3))
-    ids = draft.args.target_layer_ids
-    taps, final = target_features(rt.target, batch.tokens, ids, final=True)
-    assert mx.array_equal(taps, target_taps(rt.target, batch.tokens, ids))
-    soft = soft_labels(final, batch, rt.target.lm_head)
-    assert soft.shape == (*batch.labels.shape, rt.target.vocab_size)
-    valid = np.array(batch.valid) > 0
-    assert valid.sum() > 100
-    hits = np.array(mx.argmax(soft, axis=-1) == batch.labels)
-    assert hits[valid].all()
-
-
 def target_and_draft(pair):
     """The tiny pair's target adapter and draft."""
     _, draft_dir, model, _ = pair
     return adapter_for(model), load_draft_folder(draft_dir)
 
 
-def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int,
-                  doubled: bool = False):
+def random_blocks(pair, seed: int, sequences: int, length: int, prompt_len: int):
     """The tiny pair's target and draft, a batch of 8 anchors per random sequence, its taps
-    and the slot weights; `doubled`: each sequence is `length` random tokens twice over, its
-    repeats marked in the batch."""
+    and the slot weights."""
     target, draft = target_and_draft(pair)
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(4, 300, size=length).tolist() for _ in range(sequences)]
-    data = Dataset([s + s for s in seqs] if doubled else seqs, [prompt_len] * sequences)
+    data = Dataset(seqs, [prompt_len] * sequences)
     batch = make_batch(data, range(sequences), 8, draft.args.block_size,
-                       draft.args.mask_token_id, rng, mark_repeats=doubled)
+                       draft.args.mask_token_id, rng)
     taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
     return target, draft, batch, taps, slot_weights(draft.args.block_size, 7.0)
-
-
-def test_distilled_loss_mixes_the_label_loss_with_the_targets_distribution(pair):
-    target, draft, batch, taps, w = random_blocks(pair, 0, sequences=3, length=40,
-                                                  prompt_len=8)
-    hard = block_loss(draft, target, batch, taps, w)
-    onehot = 1e4 * (mx.arange(target.vocab_size) == batch.labels[..., None])
-    spread = mx.zeros(onehot.shape)  # uniform: the loss is the mean negative log-probability
-    assert block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=0.0) == hard
-    assert mx.allclose(block_loss(draft, target, batch, taps, w, soft=onehot, soft_weight=1.0),
-                       hard, rtol=1e-5)
-    uniform = block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=1.0)
-    half = block_loss(draft, target, batch, taps, w, soft=spread, soft_weight=0.5)
-    assert not mx.allclose(uniform, hard)
-    assert mx.allclose(half, (hard + uniform) / 2, rtol=1e-5)
-
-
-def test_confidence_power_weights_each_slot_by_the_targets_label_probability(pair):
-    target, draft, batch, taps, w = random_blocks(pair, 2, sequences=3, length=40,
-                                                  prompt_len=8)
-    hard = block_loss(draft, target, batch, taps, w)
-    onehot = 1e4 * (mx.arange(target.vocab_size) == batch.labels[..., None])
-    assert mx.allclose(block_loss(draft, target, batch, taps, w, soft=onehot,
-                                  confidence_power=1.0), hard, rtol=1e-5)  # all sure: as before
-    # The target sure of every slot's label but slot 1's, where it is spread evenly: slot 1
-    # then weighs (1 / V) ** c of what it did, and the loss is the other slots' alone.
-    unsure = mx.where((mx.arange(batch.labels.shape[-1]) == 0)[None, None, :, None], 0.0, onehot)
-    p = label_probability(unsure, batch)
-    assert mx.allclose(p[..., 0], mx.array(1 / target.vocab_size)).item()
-    assert mx.allclose(p[..., 1:], mx.array(1.0)).item()
-    rest = mx.concatenate([mx.zeros((1,)), w[1:]])
-    weighted = block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=8.0)
-    assert mx.allclose(weighted, block_loss(draft, target, batch, taps, rest), rtol=1e-4)
-    assert not mx.allclose(weighted, hard)
-    assert block_loss(draft, target, batch, taps, w, soft=unsure, confidence_power=0.0) == hard
-
-
-def test_anchor_probability_is_the_targets_for_each_blocks_anchor_token(pair):
-    target, draft = target_and_draft(pair)
-    rng = np.random.default_rng(4)
-    seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(2)]
-    batch = make_batch(Dataset(seqs, [6, 6]), [0, 1], 5, draft.args.block_size,
-                       draft.args.mask_token_id, rng)
-    _, final = target_features(target, batch.tokens, draft.args.target_layer_ids, final=True)
-    p = anchor_probability(final, batch, target.lm_head)
-    assert p.shape == batch.anchors.shape
-    for n, a in ((0, 0), (1, 3)):  # the softmax of the plain forward before the anchor
-        at = int(batch.anchors[n, a])
-        logits = target.model(mx.array(seqs[n][:at])[None])[0, -1].astype(mx.float32)
-        expected = mx.softmax(logits)[seqs[n][at]].item()
-        assert abs(p[n, a].item() - expected) < 1e-5
-
-
-def test_surprise_weights_lean_on_blocks_after_unsure_anchors(pair):
-    target, draft, batch, taps, w = random_blocks(pair, 5, sequences=2, length=40,
-                                                  prompt_len=8)
-    sure = mx.ones(batch.anchors.shape)
-    assert mx.array_equal(surprise_weights(sure, 4.0), sure[..., None])
-    assert mx.allclose(surprise_weights(mx.zeros(sure.shape), 4.0), 5 * sure[..., None]).item()
-    hard = block_loss(draft, target, batch, taps, w)
-    assert mx.allclose(block_loss(draft, target, batch, taps, w, extra_weights=3 * sure[..., None]),
-                       hard, rtol=1e-6)  # a uniform weight changes nothing
-    # Every weight on one block: the loss is that block's own.
-    one = mx.zeros(sure.shape).at[1, 2].add(1.0)
-    alone = block_loss(draft, target, batch, taps, w, extra_weights=one[..., None])
-    valid = batch.valid * w
-    logits = slot_logits(draft, target, batch, taps).astype(mx.float32)
-    ce = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(
-        logits, batch.labels[..., None], axis=-1)[..., 0]
-    own = (ce[1, 2] * valid[1, 2]).sum() / valid[1, 2].sum()
-    assert mx.allclose(alone, own, rtol=1e-5).item() and not mx.allclose(alone, hard).item()
-
-
-@pytest.mark.parametrize("flag, good, bads, hint", [
-    ("--distill", 0.5, ("1.5", "-0.1", "half"), "between 0 and 1"),
-    ("--confidence-power", 1.0, ("-1", "9", "much"), "from 0 (off) to 8"),
-    ("--surprise-weight", 4.0, ("-1", "101", "much"), "from 0 (off) to 100"),
-])
-def test_loss_options_are_checked_and_train(pair, tmp_path, capsys, flag, good, bads, hint):
-    target_dir, *_ = pair
-    for bad in bads:
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["--model", "m", "--out", "o", flag, bad])
-        assert hint in capsys.readouterr().err
-    run = tiny_run(target_dir, tmp_path)
-    plain, changed = run("plain"), run("changed", flag, str(good))
-    assert changed["config"][flag[2:].replace("-", "_")] == good and changed["steps"] == 4
-    assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_repeated_positions_mark_where_a_4gram_recurs():
@@ -407,33 +287,6 @@ def test_a_batchs_repeats_mark_the_slots_whose_label_recurs():
                 checked += 1
     assert checked and 0 < batch.repeats.sum().item() < checked
     assert make_batch(data, [0], 6, 4, 1, np.random.default_rng(0)).repeats is None
-
-
-def test_repeat_weight_scales_the_repeated_slots_of_the_loss(pair):
-    target, draft, batch, taps, w = random_blocks(pair, 5, sequences=2, length=20,
-                                                  prompt_len=4, doubled=True)
-    plain = block_loss(draft, target, batch, taps, w)
-    assert block_loss(draft, target, batch, taps, w,
-                      extra_weights=repeat_weights(batch.repeats, 1.0)) == plain
-    # Weight 0: the loss of the same blocks with the repeated slots masked out.
-    dropped = block_loss(draft, target, batch, taps, w,
-                         extra_weights=repeat_weights(batch.repeats, 0.0))
-    novel = replace(batch, valid=batch.valid * (1 - batch.repeats))
-    assert mx.allclose(dropped, block_loss(draft, target, novel, taps, w), rtol=1e-5).item()
-    assert not mx.allclose(dropped, plain).item()
-
-
-def test_repeat_weight_is_checked_and_trains(pair, tmp_path, capsys):
-    target_dir, *_ = pair
-    for bad in ("1.5", "-0.1", "some"):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["--model", "m", "--out", "o", "--repeat-weight", bad])
-        assert "between 0 and 1" in capsys.readouterr().err
-    loops = [[1, 10 + i % 5] + [3, 4, 5, 6, 7] * 3 for i in range(12)]
-    run = tiny_run(target_dir, tmp_path, loops)
-    plain, changed = run("plain"), run("changed", "--repeat-weight", "0.2")
-    assert changed["config"]["repeat_weight"] == 0.2 and changed["steps"] == 4
-    assert changed["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_validation_counts_the_novel_blocks_apart(pair):
@@ -968,42 +821,6 @@ def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_pa
     assert sorted(rows) == ["all", "evals", "sharegpt"] and rows["sharegpt"]["answers"] == 2
     for row in rows.values():
         assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0
-
-
-def test_follow_up_anchors_move_a_share_of_blocks_to_where_the_next_cycle_starts():
-    """A block whose draft run is r moves to anchor + 1 + r (the token the draft missed, the
-    next cycle's anchor in a decode); one whose follow-up has no label left, a padding block
-    and the blocks outside the share stay."""
-    seq = list(range(20, 60))
-    data = Dataset([seq, seq[:12]], [3, 2])
-    batch = make_batch(data, [0, 1], 4, 6, 1, np.random.default_rng(0))
-    anchors = np.array(batch.anchors)
-    real = np.array(batch.valid)[:, :, 0] > 0
-    runs = np.full(anchors.shape, 2)
-    lengths = np.array([40, 12])
-    moved = follow_up_anchors(batch, runs, lengths, 1.0, np.random.default_rng(1))
-    fits = real & (anchors + 3 < lengths[:, None] - 1)
-    assert fits.any() and (~fits).any()
-    assert (moved[fits] == anchors[fits] + 3).all() and (moved[~fits] == anchors[~fits]).all()
-    none = follow_up_anchors(batch, runs, lengths, 0.0, np.random.default_rng(1))
-    assert (none == anchors).all()
-    many = Batch(batch.tokens, batch.block, mx.zeros((1, 400), mx.int32),
-                 mx.zeros((1, 400, 5), mx.int32), mx.ones((1, 400, 5)))
-    half = follow_up_anchors(many,
-                             np.zeros((1, 400), int), np.array([40]), 0.5,
-                             np.random.default_rng(2))
-    assert 120 < int((half == 1).sum()) < 280  # about half moved by one
-
-
-def test_follow_ups_are_checked_train_and_are_logged(pair, tmp_path, capsys):
-    target_dir, *_ = pair
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--model", "m", "--out", "o", "--follow-ups", "1.5"])
-    assert "between 0 and 1" in capsys.readouterr().err
-    run = tiny_run(target_dir, tmp_path)
-    plain, moved = run("plain"), run("moved", "--follow-ups", "1")
-    assert moved["config"]["follow_share"] == 1.0 and moved["steps"] == 4
-    assert moved["history"][-1]["loss"] != plain["history"][-1]["loss"]
 
 
 def test_bfloat16_compute_keeps_float32_weights_and_their_gradients(pair):

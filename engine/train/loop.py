@@ -47,23 +47,15 @@ from .dataset import (
 from .generate import ATTENTION, generate_dataset
 from .objective import (
     Batch,
-    Head,
-    anchor_probability,
-    anchored_batch,
     block_loss,
     block_runs,
     computing_in,
-    follow_up_anchors,
     forward_parts,
     low_precision_head,
     make_batch,
-    repeat_weights,
     simulate_answer,
     slot_logits,
     slot_weights,
-    soft_labels,
-    surprise_weights,
-    target_features,
     target_taps,
     tokens_per_cycle,
 )
@@ -129,13 +121,6 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     loss_gamma: float | None = None  # slot weights exp(-(k-1)/gamma); default by block size
-    distill: float = 0.0  # share of the loss against the target's distribution (soft_labels)
-    confidence_power: float = 0.0  # slot weights x the target's label probability ** this
-    surprise_weight: float = 0.0  # block weights 1 + this x (1 - target's anchor probability)
-    repeat_weight: float = 1.0  # weight of slots whose label ends a repeated 4-gram (1: off)
-    # share of each step's blocks moved to where a decode's next cycle would start after
-    # them (`follow_up_anchors`); 0: uniform anchors only
-    follow_share: float = 0.0
 
     @property
     def gamma(self) -> float:
@@ -512,14 +497,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
     compute_dtype = getattr(mx, cfg.draft_compute_dtype)
 
-    def loss_of(b: Batch, t: mx.array, s: mx.array | None, bw: mx.array | None) -> mx.array:
+    def loss_of(b: Batch, t: mx.array) -> mx.array:
         with computing_in(draft, compute_dtype):
-            return block_loss(draft, target, b, t, weights, head, s, cfg.distill,
-                              cfg.confidence_power, bw)
+            return block_loss(draft, target, b, t, weights, head)
 
     loss_and_grad = nn.value_and_grad(draft, loss_of)
-    uses_soft = cfg.distill > 0 or cfg.confidence_power > 0
-    uses_final = uses_soft or cfg.surprise_weight > 0  # the target's last hidden states
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
     earlier: dict[str, Any] = {}  # the log of the run this one resumes
     if resuming:
@@ -582,27 +564,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             idx = order[cursor + rank * cfg.batch:cursor + (rank + 1) * cfg.batch]
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
-            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng,
-                               mark_repeats=cfg.repeat_weight < 1)
+            batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
             _lap(clock, phase_ms, "batch")
-            taps, final = target_features(target, batch.tokens, draft.args.target_layer_ids,
-                                          final=uses_final)
-            if cfg.follow_share:
-                lengths = np.array([len(train_set.sequences[i]) for i in idx])
-                batch = follow_up_batch(draft, target, batch, taps, head, lengths, cfg,
-                                        anchor_rng)
-                _lap(clock, phase_ms, "follow_ups", batch.labels)
-            soft = soft_labels(final, batch, head) if uses_soft else None
-            extra_w = slot_extra_weights(cfg, batch, final, head)
-            _lap(clock, phase_ms, "target", taps,
-                 *[x for x in (soft, extra_w) if x is not None])
+            taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
+            _lap(clock, phase_ms, "target", taps)
             optimizer.learning_rate = lr_at(step, total, cfg.lr)
             if clock is not None:  # where the forward's time goes (extra work, timed steps only)
                 with computing_in(draft, compute_dtype):
                     for phase, part in forward_parts(draft, target, batch, taps, weights,
                                                      head):
                         _lap(clock, phase_ms, phase, part)
-            loss, grads = loss_and_grad(batch, taps, soft, extra_w)
+            loss, grads = loss_and_grad(batch, taps)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
             if group is not None:
                 grads = nn.average_gradients(grads, group)
@@ -691,31 +663,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
         f"{final['walk_tokens_per_cycle']:.2f}), checkpoint {out}")
     return log
-
-
-def follow_up_batch(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-                    head: Head, lengths: np.ndarray, cfg: TrainConfig,
-                    rng: np.random.Generator) -> Batch:
-    """`batch` with a share of its blocks moved to their follow-ups (`follow_up_anchors`),
-    found by the draft's own greedy runs on the uniform anchors (one forward, no gradient)."""
-    runs = np.array(block_runs(slot_logits(draft, target, batch, taps, head), batch))
-    anchors = follow_up_anchors(batch, runs, lengths, cfg.follow_share, rng)
-    real = np.array(batch.valid)[:, :, 0] > 0
-    return anchored_batch(np.array(batch.tokens), anchors, lengths, real, cfg.block_size,
-                          draft.args.mask_token_id, mark_repeats=batch.repeats is not None)
-
-
-def slot_extra_weights(cfg: TrainConfig, batch: Batch, final: mx.array | None,
-                       head: Head) -> mx.array | None:
-    """The loss weights beyond the slots' decay: --surprise-weight's per block times
-    --repeat-weight's per slot (None: neither is on)."""
-    extra = None
-    if cfg.surprise_weight:
-        extra = surprise_weights(anchor_probability(final, batch, head), cfg.surprise_weight)
-    if cfg.repeat_weight < 1:
-        slots = repeat_weights(batch.repeats, cfg.repeat_weight)
-        extra = slots if extra is None else extra * slots
-    return extra
 
 
 def _lap(clock: PhaseClock | None, into: dict[str, list[float]], phase: str,
@@ -840,51 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", dest="loss_gamma", type=float, metavar="G",
                    help="slot k's loss weight is exp(-(k-1)/G) (default: 7 for 16-token "
                         "blocks); a smaller G puts more weight on the first slots")
-    p.add_argument("--distill", type=_share, default=d.distill, metavar="W",
-                   help="train a W share of the loss (0..1) against the target's own "
-                        "next-token distribution instead of its greedy token alone")
-    p.add_argument("--confidence-power", type=_power, default=d.confidence_power, metavar="C",
-                   help="weight each slot's loss by the target's probability of its token to "
-                        "the power C (0: off), so the draft spends itself on the tokens the "
-                        "target is sure of rather than on its coin flips (it cost tokens/cycle "
-                        "on every suite: benchmarks/stage22/)")
-    p.add_argument("--surprise-weight", type=_strength, default=d.surprise_weight, metavar="S",
-                   help="weight each block by 1 + S x (1 - the target's probability of its "
-                        "anchor token) (0: off): a decode starts its cycles after the tokens "
-                        "its draft missed, most often ones the target was unsure of, and "
-                        "uniform anchors under-sample them")
-    p.add_argument("--repeat-weight", type=_share, default=d.repeat_weight, metavar="W",
-                   help="weight W (0..1; 1: off) for the slots whose token ends a 4-gram "
-                        "already in the sequence: a decode's suffix lookup proposes most such "
-                        "stretches, and they are over half of the target's own long answers")
-    p.add_argument("--follow-ups", dest="follow_share", type=_share, default=d.follow_share,
-                   metavar="S",
-                   help="move a share S of each step's blocks to where a decode's next cycle "
-                        "would start after them (the token the draft missed), found by the "
-                        "draft's own greedy run on them; 0 (default): uniform anchors only")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
-
-
-def _number_in(low: float, high: float, wanted: str,
-               kind: Callable[[str], float] = float) -> Callable[[str], float]:
-    """An argparse type for a number (`kind`: float, or int for whole ones) from `low` to
-    `high`; `wanted` says what to give."""
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r}: give {wanted}")
-        return value
-    return parse
-
-
-_share = _number_in(0.0, 1.0, "a share between 0 and 1, e.g. 0.5")
-_power = _number_in(0.0, 8.0, "a power from 0 (off) to 8, e.g. 1")
-_strength = _number_in(0.0, 100.0, "a strength from 0 (off) to 100, e.g. 4")
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:

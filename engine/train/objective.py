@@ -1,6 +1,5 @@
 """The DFlash training objective: anchored blocks, the context mask, the draft's training
-forward and the decay-weighted cross-entropy over slots 1..B-1 (against the data's tokens,
-optionally mixed with the target's own next-token distribution: `soft_labels`)."""
+forward and the decay-weighted cross-entropy over slots 1..B-1 against the data's tokens."""
 
 from __future__ import annotations
 
@@ -75,22 +74,6 @@ def anchored_batch(tokens: np.ndarray, anchors: np.ndarray, lengths: np.ndarray,
                            .astype(np.float32))
     return Batch(mx.array(tokens), mx.array(block.reshape(N, A * B)), mx.array(anchors),
                  mx.array(labels), mx.array(valid.astype(np.float32)), repeats)
-
-
-def follow_up_anchors(batch: Batch, runs: np.ndarray, lengths: np.ndarray, share: float,
-                      rng: np.random.Generator) -> np.ndarray:
-    """Anchors [N, A] with a `share` of the real blocks moved to where a decode's next cycle
-    starts after them: anchor + 1 + run, the token the draft missed (the target commits its
-    own). A decode anchors every cycle but its first there; uniform anchors mostly sit where
-    the context already told the draft the anchor, so it learns to read the context more than
-    the anchor token, and then misses right after its own misses. `runs` [N, A]: each
-    block's run (`block_runs`) under the draft being trained; a follow-up past a sequence's
-    last label keeps its uniform anchor."""
-    anchors = np.array(batch.anchors)
-    real = np.array(batch.valid)[:, :, 0] > 0
-    follow = anchors + 1 + runs
-    move = (rng.random(anchors.shape) < share) & real & (follow < lengths[:, None] - 1)
-    return np.where(move, follow, anchors).astype(np.int32)
 
 
 def repeated_positions(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> np.ndarray:
@@ -183,21 +166,8 @@ def train_forward(draft: DFlashDraft, taps: mx.array, block_emb: mx.array, ancho
 
 def target_taps(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int]) -> mx.array:
     """Frozen target features of whole sequences (one forward, no gradient)."""
-    return target_features(target, tokens, tap_ids)[0]
-
-
-def target_features(target: TargetAdapter, tokens: mx.array, tap_ids: Sequence[int],
-                    final: bool = False) -> tuple[mx.array, mx.array | None]:
-    """`target_taps`, and with `final` the target's normed last hidden states [N, T, H] from
-    the same forward (what its lm_head reads: `soft_labels`)."""
-    last = len(target.layers) - 1
-    ids = [*tap_ids, last] if final else list(tap_ids)
-    _, feats = target.forward(tokens, target.make_cache(), ids, last_only=True)
-    feats = mx.stop_gradient(feats)
-    if not final:
-        return feats, None
-    H = feats.shape[-1] // len(ids)
-    return feats[..., :-H], target.inner.norm(feats[..., -H:])
+    _, feats = target.forward(tokens, target.make_cache(), list(tap_ids), last_only=True)
+    return mx.stop_gradient(feats)
 
 
 @contextmanager
@@ -265,83 +235,19 @@ def forward_parts(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps:
     yield "forward_loss", slot_loss(logits, batch, weights)
 
 
-def soft_labels(final: mx.array, batch: Batch, head: Head) -> mx.array:
-    """The target's own next-token logits for every slot [N, A, B-1, V]: slot k's token sits
-    at anchor + k, so the target's logits at anchor + k - 1 predict it (their argmax is the
-    label on greedy data)."""
-    N, A, K = batch.labels.shape
-    pos = mx.minimum(batch.anchors[:, :, None] + mx.arange(K)[None, None], final.shape[1] - 1)
-    hidden = mx.take_along_axis(final, pos.reshape(N, A * K)[..., None], axis=1)
-    return mx.stop_gradient(head(hidden).reshape(N, A, K, -1))
-
-
-def anchor_probability(final: mx.array, batch: Batch, head: Head) -> mx.array:
-    """[N, A]: the target's probability of each block's anchor token, from its logits one
-    position before (a decode's cycle starts at the token the last cycle's draft missed,
-    most often one the target itself was unsure of)."""
-    pos = mx.maximum(batch.anchors - 1, 0)
-    hidden = mx.take_along_axis(final, pos[..., None], axis=1)
-    anchor_tokens = mx.take_along_axis(batch.tokens, batch.anchors, axis=1)
-    return token_probability(head(hidden), anchor_tokens)
-
-
-def surprise_weights(p_anchor: mx.array, strength: float) -> mx.array:
-    """[N, A, 1] block weights 1 + strength * (1 - p): uniform anchors reweighted toward the
-    ones a decode starts its cycles from (after tokens the target was unsure of)."""
-    return (1.0 + strength * (1.0 - p_anchor))[..., None]
-
-
-def repeat_weights(repeats: mx.array, weight: float) -> mx.array:
-    """[N, A, B-1] slot weights: `weight` where the label ends a repeated 4-gram
-    (`Batch.repeats`), 1 elsewhere. A decode's suffix lookup proposes most such stretches,
-    and they are over half the 4-grams of the target's own long answers."""
-    return 1.0 - (1.0 - weight) * repeats
-
-
 def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx.array,
-               weights: mx.array, head: Head | None = None, soft: mx.array | None = None,
-               soft_weight: float = 0.0, confidence_power: float = 0.0,
-               extra_weights: mx.array | None = None) -> mx.array:
-    """Slot-weighted cross-entropy against the labels; with `soft` (`soft_labels`), a
-    `soft_weight` share of it against the target's whole distribution instead, which also
-    says how close the runner-up tokens were, with `confidence_power` c each slot
-    weighted by the target's probability of its label to the power c, and by
-    `extra_weights`: per block [N, A, 1] (`surprise_weights`) or per slot [N, A, B-1]
-    (`repeat_weights`)."""
-    return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights, soft,
-                     soft_weight, confidence_power, extra_weights)
+               weights: mx.array, head: Head | None = None) -> mx.array:
+    """Slot-weighted cross-entropy against the labels."""
+    return slot_loss(slot_logits(draft, target, batch, taps, head), batch, weights)
 
 
-def slot_loss(logits: mx.array, batch: Batch, weights: mx.array, soft: mx.array | None = None,
-              soft_weight: float = 0.0, confidence_power: float = 0.0,
-              extra_weights: mx.array | None = None) -> mx.array:
+def slot_loss(logits: mx.array, batch: Batch, weights: mx.array) -> mx.array:
     """`block_loss` from the slots' logits [N, A, B-1, V]."""
     logits = logits.astype(mx.float32)
-    norm = mx.logsumexp(logits, axis=-1)
-    ce = norm - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
-    if soft is not None and soft_weight > 0:
-        p = mx.softmax(soft.astype(mx.float32), axis=-1)
-        ce = (1 - soft_weight) * ce + soft_weight * (norm - (p * logits).sum(axis=-1))
+    ce = (mx.logsumexp(logits, axis=-1)
+          - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0])
     w = batch.valid * weights
-    if soft is not None and confidence_power > 0:
-        # A token the target itself is unsure of is a coin flip for the draft too: the
-        # weight goes to the tokens the target is sure of, which a run needs unbroken.
-        w = w * label_probability(soft, batch) ** confidence_power
-    if extra_weights is not None:
-        w = w * extra_weights
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
-
-
-def label_probability(soft: mx.array, batch: Batch) -> mx.array:
-    """[N, A, B-1]: the target's probability of each slot's label (`soft_labels` logits)."""
-    return token_probability(soft, batch.labels)
-
-
-def token_probability(logits: mx.array, tokens: mx.array) -> mx.array:
-    """The softmax of `logits` [..., V] at `tokens` [...], in float32, without gradient."""
-    logits = logits.astype(mx.float32)
-    picked = mx.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
-    return mx.stop_gradient(mx.exp(picked - mx.logsumexp(logits, axis=-1)))
 
 
 def block_runs(logits: mx.array, batch: Batch) -> mx.array:
