@@ -4,7 +4,10 @@ ship a bigger draft in the same bytes. A CPU dequantizes them when it loads the 
 rounding of the stored weights changes, and `scripts/draft_acceptance.py` on both folders
 shows what that costs in tokens/cycle. A GPU keeps them quantized.
 
-    python scripts/quantize_draft.py SRC DST [--bits 8] [--group-size 64]
+    python scripts/quantize_draft.py SRC DST [--bits 8] [--group-size 64] [--requantize]
+
+A GPU training call returns a draft over 56 MB stored 8-bit (what one call brings back);
+`--requantize` dequantizes such a SRC to bfloat16 first, then stores it at --bits.
 
 DST gets SRC's other files (config.json with a "quantization" entry, token_ranking.json, ...).
 """
@@ -38,17 +41,38 @@ def quantized_weights(weights: dict[str, mx.array], group_size: int,
     return out
 
 
-def quantize_draft(src: Path, dst: Path, bits: int = 8, group_size: int = 64) -> dict:
-    """Write SRC's draft to DST with quantized linear layers -> {"bytes_before", "bytes_after"}."""
+def dequantized_weights(weights: dict[str, mx.array], group_size: int,
+                        bits: int) -> dict[str, mx.array]:
+    """`quantized_weights` undone: each packed weight with its scales and biases as one
+    bfloat16 `*.weight`."""
+    out: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        base = name.removesuffix(".weight")
+        if name.endswith(".weight") and f"{base}.scales" in weights:
+            out[name] = mx.dequantize(value, weights[f"{base}.scales"],
+                                      weights[f"{base}.biases"], group_size=group_size,
+                                      bits=bits).astype(mx.bfloat16)
+        elif not name.endswith((".scales", ".biases")):
+            out[name] = value
+    return out
+
+
+def quantize_draft(src: Path, dst: Path, bits: int = 8, group_size: int = 64,
+                   requantize: bool = False) -> dict:
+    """Write SRC's draft to DST with quantized linear layers -> {"bytes_before", "bytes_after"}.
+    `requantize`: SRC may be stored quantized (dequantized first)."""
     config = json.loads((src / "config.json").read_text())
-    if config.get("quantization"):
-        raise SystemExit(f"{src} is stored quantized already ({config['quantization']}). Fix: "
-                         "quantize the float draft it came from.")
+    stored = config.pop("quantization", None)
+    if stored and not requantize:
+        raise SystemExit(f"{src} is stored quantized already ({stored}). Fix: quantize the "
+                         "float draft it came from, or pass --requantize.")
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
             shutil.copy2(f, dst / f.name)
     weights = mx.load(str(src / "model.safetensors"))
+    if stored:
+        weights = dequantized_weights(weights, stored["group_size"], stored["bits"])
     mx.save_safetensors(str(dst / "model.safetensors"),
                         quantized_weights(weights, group_size, bits),
                         metadata={"format": "mlx", "producer": "scripts/quantize_draft.py"})
@@ -64,8 +88,10 @@ def main() -> int:
     p.add_argument("dst", type=Path, help="the folder to write")
     p.add_argument("--bits", type=int, choices=[2, 3, 4, 5, 6, 8], default=8)
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    p.add_argument("--requantize", action="store_true",
+                   help="SRC is stored quantized (a GPU call's 8-bit return): dequantize first")
     args = p.parse_args()
-    sizes = quantize_draft(args.src, args.dst, args.bits, args.group_size)
+    sizes = quantize_draft(args.src, args.dst, args.bits, args.group_size, args.requantize)
     print(f"wrote {args.dst}: model.safetensors {sizes['bytes_before'] / 1e6:.1f} MB -> "
           f"{sizes['bytes_after'] / 1e6:.1f} MB")
     return 0

@@ -204,6 +204,17 @@ def test_a_draft_stored_quantized_loads_as_floats_near_the_original(pair, tmp_pa
     assert len(rt.generate("Hello", max_tokens=8, no_eos=True).tokens) == 8
     with pytest.raises(SystemExit, match="quantized already"):
         load_script("quantize_draft").quantize_draft(stored, tmp_path / "twice")
+    # A GPU's 8-bit return stored again at 4 bits: two roundings from the original
+    again = tmp_path / "draft-q4"
+    load_script("quantize_draft").quantize_draft(stored, again, bits=4, group_size=32,
+                                                 requantize=True)
+    assert json.loads((again / "config.json").read_text())["quantization"]["bits"] == 4
+    four = dict(tree_flatten(load_draft_folder(again, mx.float32).parameters()))
+    assert set(four) == set(want)
+    for name, value in want.items():
+        step = (value.max() - value.min()) / 15 if value.ndim == 2 else 0
+        assert mx.max(mx.abs(four[name] - value)).item() <= 1.1 * float(step), name
+        assert value.ndim < 2 or not mx.array_equal(four[name], got[name]).item()
 
 
 def test_a_draft_sent_back_in_parts_unpacks_to_the_same_folder(pair, tmp_path):
