@@ -9,7 +9,8 @@
 #   PART=rows    the README's H200 rows only: three suites at 256 tokens, 10 prompts
 #                (DRAFT, ARGS and SUFFIX as for smollm2)
 #   PART=cost    the cycle probe, the oracle runs at 8 and 4 tokens/cycle, synthetic 9B in bf16
-#   PART=sampled the three suites at temperature 0.7
+#   PART=sampled the three suites at temperature 0.7 (issue 64: every prompt against mlx-lm,
+#                the medians), as benchmarks/smollm2-*-t07-cpu.json on the CPU
 #   PART=results the README's GPU rows (mlx-lm, speculation off, DFlash; LIMIT prompts, 8)
 #   PART=ab      an engine change's same-run A/B against a carried checkout (BEFORE)
 #   PART=cost-quick the cost checks that fit beside answer generation (train-smollm2-x2.sh
@@ -197,8 +198,8 @@ ab)  # an engine change's A/B on the GPU, both checkouts in one run (scripts/ab_
     --no-baseline --json "$OUT/ab${SUFFIX:-}-gpu.json" ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
   for suite in mt-bench humaneval gsm8k; do
-    bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-10} --max-tokens 256 \
-      --json "$OUT/smollm2-$suite-t0.7-h200.json"
+    bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-8} --max-tokens 256 \
+      --json "$OUT/smollm2-$suite-t07-gpu.json"
   done ;;
 *) echo "PART=setup|kernels|smollm2|rows|results|ab|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|synthetic|oracle|gen-profile" >&2
    exit 2 ;;
