@@ -6,6 +6,9 @@
 #       [--data REV:benchmarks/qwen-coder-data/gen-1.npz ...]   # earlier answers, from history
 #   ../shared/gpu/stage /tmp/qwen-stage/*          # then one device call per part, p1 first,
 #                                                 # the last one with `&& PART=... bash <this>`
+# Before staging, empty the two drafts' model.safetensors (keep the files: the stage tool's `du`
+# stops silently on a missing tracked file) so the parts get the room: with the tree at 6 MB,
+# `--parts-mib 57` makes 22 parts; INIT's tar of the shipped draft is staged like any file.
 # Parts (PART=...):
 #   gen    the target (bf16) answers prompt slice SLICE (K/N) of train_prompts.jsonl.gz for
 #          GEN_S seconds -> /root/gen-$SEED/data.npz, copied to $OUT/gen-$SEED.npz (keep it:
