@@ -8,6 +8,11 @@ can pick the slice that still holds the prompts it wants.
 
     python scripts/prompt_coverage.py --data D1.npz D2.npz ... --slices 2 \
         --prompts ../shared/data/train_prompts.jsonl.gz --json F
+    # the Qwen2.5-Coder answers (engine/drafts/qwen2.5-coder-1.5b-instruct-dflash):
+    python scripts/prompt_coverage.py --model qwen2.5-coder-1.5b --slices 4 --data gen-*.npz ...
+
+The datasets are token ids: `--model` must be the target that answered them (its tokenizer
+reads them back); another tokenizer finds nothing answered.
 """
 
 from __future__ import annotations
@@ -53,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", required=True, help="the prompt file (train_prompts.jsonl.gz)")
     p.add_argument("--slices", type=int, default=2, help="N of --prompt-slice K/N")
     p.add_argument("--json", help="write the counts here")
+    p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                   help="the target that answered the datasets (its tokenizer)")
     args = p.parse_args(argv)
     from engine.loading import load_target
 
-    _, tokenizer, _ = load_target("HuggingFaceTB/SmolLM2-135M-Instruct")
+    _, tokenizer, _ = load_target(args.model)
     answered = Answered.load(tuple(args.data), tokenizer)
     assert answered is not None
     counts = coverage(answered, Path(args.prompts), args.slices)
@@ -64,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{source:14s}", "  ".join(f"slice {r['slice']}: {r['answered']:>6} of "
                                          f"{r['prompts']:>6} answered" for r in rows))
     if args.json:
-        report = {"command": "python " + " ".join(sys.argv), "slices": args.slices,
+        report = {"command": "python " + " ".join(sys.argv), "model": args.model,
+                  "slices": args.slices,
                   "datasets": [Path(d).name for d in args.data],
                   "answered_sequences": len(answered.answers), "sources": counts}
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

@@ -412,3 +412,30 @@ def test_prompt_coverage_counts_answered_prompts_per_source_and_slice(tmp_path):
                                           in {"q 3", "q 4", "first turn"} for r in mine)
     assert is_held_out("src-0003")  # so "q 3" counts nowhere
     assert sum(r["answered"] for rows in counts.values() for r in rows) == 2
+
+
+def test_prompt_coverage_reads_the_datasets_with_the_answering_targets_tokenizer(pair, tmp_path):
+    """The datasets hold token ids: `--model` names the target whose tokenizer reads them back
+    (the default, SmolLM2's, found nothing of another target's answers)."""
+    import gzip
+
+    from script_modules import load_script
+
+    from engine.train.mix import is_held_out
+
+    target_dir, _, _, tokenizer = pair
+    ids = [f"r{i}" for i in range(50) if not is_held_out(f"r{i}")][:3]
+    questions = [f"What is {i} plus {i}?" for i in range(3)]
+    prompts = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in questions])
+    Dataset([p + [5, 6] for p in prompts[:2]], [len(p) for p in prompts[:2]]).save(
+        tmp_path / "gen.npz")
+    with gzip.open(tmp_path / "p.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"id": i, "source": "gsm8k_train", "prompt": q}) + "\n"
+                     for i, q in zip(ids, questions))
+    out = tmp_path / "coverage.json"
+    assert load_script("prompt_coverage").main([
+        "--model", str(target_dir), "--data", str(tmp_path / "gen.npz"), "--slices", "1",
+        "--prompts", str(tmp_path / "p.jsonl.gz"), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == str(target_dir)
+    assert report["sources"]["gsm8k_train"] == [{"slice": 0, "prompts": 3, "answered": 2}]
