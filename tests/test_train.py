@@ -41,6 +41,7 @@ from engine.train.objective import (
     make_batch,
     repeated_positions,
     slot_logits,
+    slot_loss,
     slot_weights,
     target_taps,
     tokens_per_cycle,
@@ -310,6 +311,37 @@ def test_the_profiled_forward_parts_end_in_the_training_loss(pair):
     N, A, K = batch.labels.shape
     assert parts["forward_head"].shape == (N, A, K, target.vocab_size)
     assert mx.array_equal(parts["forward_loss"], block_loss(draft, target, batch, taps, w))
+
+
+def test_the_loss_over_bfloat16_logits_has_the_float32_gradient():
+    """A bf16 head's logits go into the loss without a float32 copy: the gradient is the one
+    through the copy to within two bf16 roundings, and the loss differs only by the per-row
+    rounding of the logsumexp."""
+    rng = np.random.default_rng(0)
+    N, A, K, V = 2, 3, 4, 4096
+    logits = rng.normal(0, 3, (N, A, K, V)).astype(np.float32)
+    labels = rng.integers(0, V, (N, A, K)).astype(np.int32)
+    np.put_along_axis(logits, labels[..., None], 12.0, axis=-1)  # peaked, as trained drafts are
+    valid = (rng.random((N, A, K)) < 0.8).astype(np.float32)
+    batch = Batch(mx.zeros((N, 1), mx.int32), mx.zeros((N, 1), mx.int32),
+                  mx.zeros((N, A), mx.int32), mx.array(labels), mx.array(valid))
+    weights = mx.array(np.linspace(1.0, 0.5, K), mx.float32)
+    x = mx.array(logits).astype(mx.bfloat16)
+
+    def through_float32(z: mx.array) -> mx.array:
+        z = z.astype(mx.float32)
+        ce = mx.logsumexp(z, axis=-1) - mx.take_along_axis(z, batch.labels[..., None], -1)[..., 0]
+        w = batch.valid * weights
+        return (ce * w).sum() / w.sum()
+
+    want_loss, want_grad = mx.value_and_grad(through_float32)(x)
+    loss, grad = mx.value_and_grad(lambda z: slot_loss(z, batch, weights))(x)
+    assert grad.dtype == mx.bfloat16
+    # the same softmax; it and the cotangent's scaling each round once in bf16
+    assert mx.allclose(grad, want_grad, rtol=2 ** -6, atol=1e-12)
+    assert abs(loss.item() - want_loss.item()) < 0.02
+    exact = mx.array(logits)  # float32 logits (CPU training): the same loss to the last bit
+    assert mx.array_equal(slot_loss(exact, batch, weights), through_float32(exact))
 
 
 def test_train_end_to_end_round_trips(pair, tmp_path):

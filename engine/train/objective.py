@@ -242,10 +242,12 @@ def block_loss(draft: DFlashDraft, target: TargetAdapter, batch: Batch, taps: mx
 
 
 def slot_loss(logits: mx.array, batch: Batch, weights: mx.array) -> mx.array:
-    """`block_loss` from the slots' logits [N, A, B-1, V]."""
-    logits = logits.astype(mx.float32)
-    ce = (mx.logsumexp(logits, axis=-1)
-          - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0])
+    """`block_loss` from the slots' logits [N, A, B-1, V]. The logsumexp reads the logits in
+    their own dtype: it accumulates in float32 inside and its gradient (a softmax of the
+    logits) is the same as through a float32 copy, which a bf16 head would write and read
+    again at every step; only the per-row value rounds to that dtype before the mean."""
+    label_logit = mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]
+    ce = (mx.logsumexp(logits, axis=-1).astype(mx.float32) - label_logit.astype(mx.float32))
     w = batch.valid * weights
     return (ce * w).sum() / mx.maximum(w.sum(), 1e-6)
 
