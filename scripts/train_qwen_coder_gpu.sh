@@ -56,6 +56,10 @@
 # Stage 7 (2026-12-07, one H100, after ten failed starts): SEED=7 SLICE=0/4 GEN_S=200
 # GEN_BATCH=512 PART=gen (11,695 answers), then INIT (stage 5's 8-bit return) SEED=7 TRAIN_S=207
 # TAIL_S=100 LR=2e-4 BATCH=16 ANCHORS=64 PART=train: 1,393 steps, held-out 2.86 -> 2.73 -> 2.86.
+# Stage 9 (2026-12-07, one H100 after four failed starts): SEED=9 SLICE=2/4 GEN_S=320
+# GEN_BATCH=512 PART=gen (15,540 answers), then INIT (a tar of the shipped stage-5 folder, 4-bit)
+# SEED=9 TRAIN_S=450 TAIL_S=110 LR=3e-4 BATCH=16 ANCHORS=64 PART=train in one call: 2,897
+# steps, held-out 2.84 -> 2.61 -> 2.93 (shipped, 4-bit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
 files=/root/stash/files
