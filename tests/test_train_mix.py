@@ -3,6 +3,7 @@ cut, multi-turn replay, resuming an interrupted data run, and growing a draft.""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from collections import Counter
@@ -10,6 +11,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from script_modules import load_script
 from tiny_pairs import make_tiny_pair
 
 from engine.bench.metrics import loop_start
@@ -382,13 +384,6 @@ def test_magpie_turns_give_every_steer_a_turn_and_writing_the_most():
 
 
 def test_prompt_coverage_counts_answered_prompts_per_source_and_slice(tmp_path):
-    import gzip
-    import json
-
-    from script_modules import load_script
-
-    from engine.train.mix import in_slice, is_held_out
-
     coverage = load_script("prompt_coverage").coverage
     records = [{"id": f"src-{i:04d}", "source": "a" if i % 2 else "b", "prompt": f"q {i}"}
                for i in range(40)]
@@ -417,12 +412,6 @@ def test_prompt_coverage_counts_answered_prompts_per_source_and_slice(tmp_path):
 def test_prompt_coverage_reads_the_datasets_with_the_answering_targets_tokenizer(pair, tmp_path):
     """The datasets hold token ids: `--model` names the target whose tokenizer reads them back
     (the default, SmolLM2's, found nothing of another target's answers)."""
-    import gzip
-
-    from script_modules import load_script
-
-    from engine.train.mix import is_held_out
-
     target_dir, _, _, tokenizer = pair
     ids = [f"r{i}" for i in range(50) if not is_held_out(f"r{i}")][:3]
     questions = [f"What is {i} plus {i}?" for i in range(3)]
