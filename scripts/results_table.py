@@ -96,6 +96,10 @@ def table(results: Path = RESULTS) -> str:
             continue
         parts.append(f"**{heading}** ({where([r for _, r in found])}):\n\n{HEADER}")
         parts[-1] += "".join("\n" + row for title, r in found for row in suite_rows(title, r))
+        missing = [title for suite, title in SUITES
+                   if not (results / f"{prefix}-{suite}.json").exists()]
+        if missing:
+            parts[-1] += f"\n\n{', '.join(missing)}: not measured at this code on this device yet."
     return "\n\n".join(parts)
 
 
