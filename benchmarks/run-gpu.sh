@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What we measure on the H200, after ../shared/gpu/stage with the SmolLM2 GGUF. Results land
-# in $OUT; eval prompts travel in .carry/data, the tokenizer folder in .carry/tok.
+# in $OUT; eval prompts travel in .carry/data, the tokenizer folder in .carry/tok. Each part
+# returns $OUT/kernel-cache.tar.gz (scripts/gpu_kernel_cache.sh): keep it in git history and
+# stage it beside the GGUF next time, so a fresh machine skips compiling MLX's kernels.
 #   PART=setup   copy the GGUF + tokenizer into the engine's cache (once per machine)
 #   PART=kernels kernel exactness checks, forward profile, the synthetic Qwen3.5-9B shape
 #   PART=smollm2 the SmolLM2 pair: three suites at 256 tokens, 512-token rows, the
@@ -61,6 +63,7 @@
 # leaving no row).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache
+source scripts/gpu_kernel_cache.sh  # MLX's compiled CUDA kernels, kept and staged
 # The suites ship with the engine; a carried .carry/data replaces them only where it came
 # along (the stage-22 session's goals call carried none: every suite row failed on the path).
 [[ -d .carry/data ]] && export DFLASH_EVAL_DATA=.carry/data
@@ -185,6 +188,7 @@ overlap)  # issue 13: work queued before the host needs it, against the engine's
 results)  # the README's GPU rows: mlx-lm, speculation off and DFlash, at checkpoint precision
   # (copy $OUT/gpu-*.json into benchmarks/results/, then scripts/results_table.py --write)
   BENCH_S=400 bench --suite mt-bench --limit 2 --max-tokens 64  # kernels (a fresh machine)
+  save_kernel_cache  # now too: a call cut short still returns it
   for suite in mt-bench humaneval gsm8k; do
     bench --suite "$suite" --limit ${LIMIT:-8} --max-tokens 256 --plain-engine \
       --json "$OUT/gpu-$suite.json"
@@ -204,4 +208,5 @@ sampled)  # issue 16: temperature 0.7 beside the greedy rows
 *) echo "PART=setup|kernels|smollm2|rows|results|ab|cost|cost-quick|goals|pieces|rollback|verify-pieces|attention|overlap|sources|sampled|synthetic|oracle|gen-profile" >&2
    exit 2 ;;
 esac
+save_kernel_cache
 exit 0

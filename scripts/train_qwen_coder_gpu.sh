@@ -8,7 +8,9 @@
 #                                                 # the last one with `&& PART=... bash <this>`
 # Before staging, empty the two drafts' model.safetensors (keep the files: the stage tool's `du`
 # stops silently on a missing tracked file) so the parts get the room: with the tree at 6 MB,
-# `--parts-mib 57` makes 22 parts; INIT's tar of the shipped draft is staged like any file.
+# `--parts-mib 57` makes 22 parts; INIT's tar of the shipped draft is staged like any file, and
+# so is kernel-cache.tar.gz, which PART=gen, bench and ab return (scripts/gpu_kernel_cache.sh:
+# MLX's compiled CUDA kernels; keep it in git history like the answers).
 # Parts (PART=...):
 #   gen    the target (bf16) answers prompt slice SLICE (K/N) of train_prompts.jsonl.gz for
 #          GEN_S seconds -> /root/gen-$SEED/data.npz, copied to $OUT/gen-$SEED.npz (keep it:
@@ -62,6 +64,7 @@
 # steps, held-out 2.84 -> 2.61 -> 2.93 (shipped, 4-bit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
+source scripts/gpu_kernel_cache.sh  # MLX's compiled CUDA kernels, kept and staged
 files=/root/stash/files
 model=qwen2.5-coder-1.5b
 for gguf in $files/qwen2.5-coder-*.gguf; do  # once per machine: into the engine's cache
@@ -119,7 +122,8 @@ gen)
     ${GEN_SHARES:+--gen-shares "$GEN_SHARES"} --gen-seconds ${GEN_S:-420} 2>&1 | tail -n 30
   ls -la $out
   cp $out/data.npz "$OUT/gen-$SEED.npz"
-  [[ -f $out/heldout.npz ]] && cp $out/heldout.npz "$OUT/heldout-$SEED.npz" ;;
+  [[ -f $out/heldout.npz ]] && cp $out/heldout.npz "$OUT/heldout-$SEED.npz"
+  save_kernel_cache ;;  # not after training: the draft's pieces need the room
 train|resume)
   init=()
   [[ $PART == resume ]] && init=(--resume)
@@ -144,7 +148,8 @@ bench)
     timeout ${BENCH_S:-560} python3 -m engine.cli benchmark --model $model ${DRAFT:+--draft $DRAFT} \
       --suite $suite ${LIMIT:+--limit $LIMIT} --max-tokens 256 --ar-draft qwen2.5-coder-0.5b \
       --json "$OUT/qwen2.5-coder-1.5b-$suite-gpu.json" 2>&1 | tail -n 12
-  done ;;
+  done
+  save_kernel_cache ;;
 probe)
   timeout ${BENCH_S:-560} python3 scripts/gpu_cycle_probe.py --parts host,cycle \
     --precisions checkpoint --model $model ${DRAFT:+--draft $DRAFT} --budget 400 \
@@ -155,6 +160,7 @@ ab)
       --checkout after=. --model $model ${DRAFT:+--draft $DRAFT} --suite humaneval \
       --suite gsm8k --suite mt-bench --limit ${LIMIT:-3} --no-baseline --temperature $t \
       --seed 0 --json "$OUT/qwen2.5-coder-1.5b-ab-t$t-gpu.json" 2>&1 | tail -n 8
-  done ;;
+  done
+  save_kernel_cache ;;
 *) echo "PART=gen|train|resume|more|bench|probe|ab" >&2; exit 2 ;;
 esac
