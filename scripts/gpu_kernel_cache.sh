@@ -1,6 +1,8 @@
 # Sourced by the GPU scripts (benchmarks/run-gpu.sh, scripts/train_qwen_coder_gpu.sh). MLX
-# compiles its CUDA kernels at run time (NVRTC to PTX, then the driver to machine code): on a
-# fresh machine the first benchmark spent about four of its eight minutes there (2026-12-07).
+# compiles its CUDA kernels at run time (NVRTC to PTX, then the driver to machine code). On a
+# fresh H200 (2026-12-07) a call spent about four of its eight minutes before its first suite
+# (unpacking, the GGUF's setup and a 2-prompt warm-up run): a staged cache's first call says
+# how much of that was compiling.
 # Both compilers' caches live under /root/kernel-cache, which a machine keeps between calls.
 # save_kernel_cache returns them as $OUT/kernel-cache.tar.gz; kept in git history and staged
 # again (../shared/gpu/stage FILE ...), they fill a fresh machine's caches before its first run.
