@@ -39,7 +39,8 @@
 #                the oracle rows and the three suites at 256 tokens with the defaults, and again
 #                with DFLASH_GPU_ATTENTION=mlx (SUFFIX -mlxattn); ~7 minutes
 #   PART=sources the held-out real-prompt answers' simulated tokens/cycle per prompt source
-#                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set)
+#                (scripts/heldout_by_source.py; DRAFT, and DRAFT_B beside it if set; HELDOUT,
+#                default .carry/heldout.npz: `git show 2b41663:benchmarks/stage5/heldout.npz`)
 #   PART=overlap issue 13's host-cost A/B: a first short run builds the kernels (a fresh machine
 #                spends minutes there; KERNELS=0 skips it on a machine that ran it), then for
 #                each of VARIANTS (default "defaults off": the engine's GPU defaults, which
@@ -148,7 +149,8 @@ attention)  # issue 13: a verify block's attention in one kernel instead of MLX'
   oracle_rows; rows ;;
 sources)  # issue 12: which prompt sources the draft predicts worst
   drafts=(--draft "$DRAFT"); [[ -n ${DRAFT_B:-} ]] && drafts+=(--draft "$DRAFT_B")
-  TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" --json "$OUT/heldout-by-source-h200.json" ;;
+  TAIL=40 step 400 python3 scripts/heldout_by_source.py "${drafts[@]}" \
+    --heldout "${HELDOUT:-.carry/heldout.npz}" --json "$OUT/heldout-by-source-h200.json" ;;
 synthetic)  # issue 13's 9B goal alone
   synthetic_bf16 ;;
 oracle)  # issue 13's oracle goals alone, after a verify forward taken apart (the probe's

@@ -5,7 +5,10 @@ vocabulary (greedy output is the target's own, so tokens/cycle alone tells draft
     python scripts/draft_acceptance.py --draft engine/drafts/smollm2-135m-instruct-dflash \
         --draft other/folder --limit 4 --json benchmarks/draft-acceptance-cpu.json
     python scripts/draft_acceptance.py --draft D --limit 8 --walk \
-        --heldout benchmarks/stage5/heldout.npz --heldout-limit 40 --json F
+        --heldout heldout.npz --heldout-limit 40 --json F
+    # held-out answers are kept in git history: SmolLM2's at
+    # `git show 2b41663:benchmarks/stage5/heldout.npz`, the Qwen pair's at
+    # `git show 9d038af:train-data/qwen-coder/heldout-1.npz`
 
 Reports per suite and draft: tokens/cycle and non-loop tokens/cycle (each the mean over
 the suite's replies, with its standard error), the repeated-4-gram share

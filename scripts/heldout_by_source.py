@@ -1,11 +1,14 @@
 """Simulated tokens/cycle of drafts on the held-out real-prompt answers, per prompt source:
 which kinds of prompts a draft predicts worst (where more or other training data would pay).
 
+    git show 2b41663:benchmarks/stage5/heldout.npz > heldout.npz   # SmolLM2's, from history
     python3 scripts/heldout_by_source.py --draft engine/drafts/smollm2-135m-instruct-dflash \
-        --json $OUT/heldout-by-source-h200.json  # seconds on a GPU; the 2-core CPU needs > 25 min
+        --heldout heldout.npz --json F  # seconds on a GPU; the 2-core CPU needs > 25 min
 
-The held-out set is benchmarks/stage5/heldout.npz (255 answers, never trained on; its meta
-holds the record ids, whose prefix is the source). The figure is engine.train's validation:
+A held-out set holds answers never trained on, with the record ids in its meta, whose prefix is
+the source: SmolLM2's (255 answers) and the Qwen pair's (`git show
+9d038af:train-data/qwen-coder/heldout-1.npz`, with `--model qwen2.5-coder-1.5b`) are kept in
+git history, not the tree. The figure is engine.train's validation:
 fixed anchors, greedy acceptance simulated from the draft's argmax (whole blocks), and beside
 it the decode walk (engine.train.loop.walk_tokens_per_cycle: the cycles a greedy decode of each
 answer runs, which the anchor mean overstates; `scripts/draft_acceptance.py --walk` compares
@@ -33,20 +36,24 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--draft", action="append", required=True, help="draft folder (repeatable)")
-    p.add_argument("--heldout", default="benchmarks/stage5/heldout.npz")
+    p.add_argument("--heldout", required=True, type=Path,
+                   help="held-out answers (.npz; see above for where they are kept)")
     p.add_argument("--model", default=MODEL)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     import mlx.core as mx  # after engine: its import loads the fast CPU BLAS first
 
-    heldout = Dataset.load(Path(args.heldout))
+    if not args.heldout.is_file():
+        p.error(f"{args.heldout} does not exist; the held-out sets live in git history "
+                "(this script's docstring gives the `git show` commands)")
+    heldout = Dataset.load(args.heldout)
     by_source: dict[str, list[int]] = defaultdict(list)
     for i, record_id in enumerate(heldout.meta["ids"]):
         by_source[record_id.rsplit("-", 1)[0]].append(i)
     model, _, model_id = load_target(args.model, "float32")
     target = adapter_for(model)
     report = {"command": " ".join(["python", *sys.argv]), "model": model_id,
-              "heldout": args.heldout, "machine": machine_info(), "versions": versions(),
+              "heldout": str(args.heldout), "machine": machine_info(), "versions": versions(),
               "drafts": {}}
     for folder in args.draft:
         draft = load_draft_folder(Path(folder), mx.float32)
