@@ -41,11 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=MODEL)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
-    import mlx.core as mx  # after engine: its import loads the fast CPU BLAS first
-
     if not args.heldout.is_file():
         p.error(f"{args.heldout} does not exist; the held-out sets live in git history "
                 "(this script's docstring gives the `git show` commands)")
+    import mlx.core as mx  # after engine: its import loads the fast CPU BLAS first
+
     heldout = Dataset.load(args.heldout)
     by_source: dict[str, list[int]] = defaultdict(list)
     for i, record_id in enumerate(heldout.meta["ids"]):

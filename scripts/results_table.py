@@ -96,8 +96,8 @@ def table(results: Path = RESULTS) -> str:
             continue
         parts.append(f"**{heading}** ({where([r for _, r in found])}):\n\n{HEADER}")
         parts[-1] += "".join("\n" + row for title, r in found for row in suite_rows(title, r))
-        missing = [title for suite, title in SUITES
-                   if not (results / f"{prefix}-{suite}.json").exists()]
+        measured = {title for title, _ in found}
+        missing = [title for _, title in SUITES if title not in measured]
         if missing:
             parts[-1] += f"\n\n{', '.join(missing)}: not measured at this code on this device yet."
     return "\n\n".join(parts)
