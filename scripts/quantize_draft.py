@@ -162,8 +162,8 @@ def input_hessians(draft: nn.Module, target, sequences: Sequence[Sequence[int]],
                    prompt_lens: Sequence[int], chunk: int = 64) -> dict[str, np.ndarray]:
     """Every linear layer's input second moments [in, in], by module path, over blocks
     anchored at every response position of the sequences (training's forward on the
-    target's features, as `engine.train.objective.anchor_hits` runs it)."""
-    from engine.train.objective import anchored_batch, slot_hidden, target_taps
+    target's features, as `engine.train.objective.anchor_hits` runs them)."""
+    from engine.train.objective import every_anchor, slot_hidden, target_taps
 
     sums: dict[str, mx.array] = {}
     linears = [(name, m) for name, m in draft.named_modules() if isinstance(m, nn.Linear)]
@@ -178,13 +178,9 @@ def input_hessians(draft: nn.Module, target, sequences: Sequence[Sequence[int]],
     swap(True)
     try:
         for seq, prompt_len in zip(sequences, prompt_lens):
-            tokens = np.asarray(seq, np.int32)[None]
-            length = np.array([tokens.shape[1]])
-            taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
-            for lo in range(prompt_len, length[0] - 1, chunk):
-                anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
-                batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
-                                       draft.args.block_size, draft.args.mask_token_id)
+            taps = target_taps(target, mx.array([list(seq)]), draft.args.target_layer_ids)
+            for batch in every_anchor(seq, prompt_len, draft.args.block_size,
+                                      draft.args.mask_token_id, chunk):
                 mx.eval(slot_hidden(draft, target, batch, taps), sums)
     finally:
         swap(False)

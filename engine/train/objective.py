@@ -266,6 +266,18 @@ def tokens_per_cycle(logits: mx.array, batch: Batch) -> tuple[float, int]:
     return float(((1 + block_runs(logits, batch)) * real).sum()), int(real.sum())
 
 
+def every_anchor(seq: Sequence[int], prompt_len: int, block_size: int, mask_id: int,
+                 chunk: int = 64) -> Iterator[Batch]:
+    """Blocks anchored at every response position of one sequence, `chunk` anchors a batch
+    (in order: the first batch's first anchor is position prompt_len)."""
+    tokens = np.asarray(seq, np.int32)[None]
+    length = np.array([tokens.shape[1]])
+    for lo in range(prompt_len, length[0] - 1, chunk):
+        anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
+        yield anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
+                             block_size, mask_id)
+
+
 def anchor_runs(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
                 prompt_len: int, chunk: int = 64) -> np.ndarray:
     """The run (`block_runs`) of a block anchored at every response position of one sequence:
@@ -280,15 +292,11 @@ def anchor_hits(draft: DFlashDraft, target: TargetAdapter, seq: Sequence[int],
     forward, as in training). -> (bool
     [n, B-1]: the draft's proposal right at slots 1..B-1, bool [n, B-1]: the slot lies inside
     the sequence), row a the anchor at prompt_len + a."""
-    tokens = np.asarray(seq, np.int32)[None]
-    length = np.array([tokens.shape[1]])
-    taps = target_taps(target, mx.array(tokens), draft.args.target_layer_ids)
+    taps = target_taps(target, mx.array([list(seq)]), draft.args.target_layer_ids)
     K = draft.args.block_size - 1
     hits, valid = [np.zeros((0, K), bool)], [np.zeros((0, K), bool)]
-    for lo in range(prompt_len, length[0] - 1, chunk):
-        anchors = np.arange(lo, min(lo + chunk, length[0] - 1), dtype=np.int32)[None]
-        batch = anchored_batch(tokens, anchors, length, np.ones(anchors.shape, bool),
-                               draft.args.block_size, draft.args.mask_token_id)
+    for batch in every_anchor(seq, prompt_len, draft.args.block_size,
+                              draft.args.mask_token_id, chunk):
         inside = np.array(batch.valid)[0] > 0
         right = np.array(mx.argmax(slot_logits(draft, target, batch, taps), -1))[0]
         hits.append((right == np.array(batch.labels)[0]) & inside)
