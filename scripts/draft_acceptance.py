@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -47,6 +48,14 @@ from engine.lookup import MIN_MATCH
 from engine.runtime import DFlashRuntime
 from engine.train.dataset import Dataset
 from engine.train.objective import simulate_answer
+
+
+def report_text(report: dict) -> str:
+    """The report as indented JSON with every list of numbers on one line (the per-anchor runs
+    and cycles, one per line, would make the file several times its size)."""
+    text = json.dumps(report, indent=1)
+    return re.sub(r"\[\n\s*([-0-9.eE,\s]+?)\n\s*\]",
+                  lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
 
 
 def counted(runs: list[dict], key: str) -> list[float]:
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{rows['heldout']['anchor_mean']:.2f}  ({len(runs)} answers)", flush=True)
         report["drafts"][folder] = rows
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.json).write_text(report_text(report))
     if mismatched:
         print(f"{mismatched} replies differ from plain decoding", file=sys.stderr)
         return 1
