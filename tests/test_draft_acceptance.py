@@ -57,3 +57,13 @@ def test_every_cycle_speculates_where_the_engine_would_pause(tiny_pairs, tmp_pat
                             "--limit", "1", "--max-tokens", "60", "--json", str(report)]) == 0
     runs = json.loads(report.read_text())["drafts"][str(draft)]["gsm8k"]["runs"]
     assert [r["pauses"] for r in runs] == [0]
+
+
+def test_the_report_keeps_lists_of_numbers_on_one_line():
+    """Per-anchor runs would put one number on each line: the same JSON, a fraction of the
+    lines."""
+    report = {"command": "x [1, 2]", "drafts": {"d": {"runs": [
+        {"anchor_runs": [0, 3, 15], "walk": -1.5e-3, "reply": "a\n[b]"}]}}}
+    text = acceptance.report_text(report)
+    assert json.loads(text) == report
+    assert '"anchor_runs": [0, 3, 15]' in text and len(text.splitlines()) < 20
