@@ -191,7 +191,8 @@ def calibration_hessians(src: Path, model: str | None, data: Path,
                          limit: int) -> dict[str, np.ndarray]:
     """`input_hessians` of SRC's draft (floats) under its target, on the first `limit`
     answers of `data`."""
-    from engine.loading import load_draft_folder, load_target
+    from engine.errors import PairingError
+    from engine.loading import check_pair, load_draft_folder, load_target
     from engine.registry import DEFAULT_TARGET
     from engine.targets import adapter_for
     from engine.train.dataset import Dataset
@@ -199,9 +200,13 @@ def calibration_hessians(src: Path, model: str | None, data: Path,
     answers = Dataset.load(data)
     target_model, _, _ = load_target(model or DEFAULT_TARGET)
     draft = load_draft_folder(src, mx.float32)
+    target = adapter_for(target_model)
+    try:
+        check_pair(target, draft.args)
+    except PairingError as exc:
+        raise SystemExit(f"{exc} With --calibrate, --model names that target.") from exc
     n = min(limit, len(answers))
-    return input_hessians(draft, adapter_for(target_model), answers.sequences[:n],
-                          answers.prompt_lens[:n])
+    return input_hessians(draft, target, answers.sequences[:n], answers.prompt_lens[:n])
 
 
 def quantize_draft(src: Path, dst: Path, bits: int = 8, group_size: int = 64,

@@ -329,3 +329,14 @@ def test_a_calibrated_draft_loads_and_decodes(pair, tmp_path):
         assert mx.max(mx.abs(got[name] - value)).item() <= 4 * float(step) + 1e-6, name
     rt = DFlashRuntime.from_pretrained(model=str(target), draft=str(stored))
     assert len(rt.generate("Hello", max_tokens=8, no_eos=True).tokens) == 8
+
+
+def test_calibrating_against_another_target_is_refused_in_one_line(pair, tmp_path):
+    from engine.train.dataset import Dataset
+
+    target, draft = pair
+    answers = tmp_path / "answers.npz"
+    Dataset([list(range(1, 30))], [8]).save(answers)
+    edit_config(draft, lambda c: c.update(num_target_layers=7))
+    with pytest.raises(SystemExit, match="does not pair.*--model names that target"):
+        load_script("quantize_draft").calibration_hessians(draft, str(target), answers, 1)
