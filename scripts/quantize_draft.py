@@ -209,17 +209,26 @@ def calibration_hessians(src: Path, model: str | None, data: Path,
     return input_hessians(draft, target, answers.sequences[:n], answers.prompt_lens[:n])
 
 
+def stored_quantization(src: Path, requantize: bool) -> dict | None:
+    """SRC's "quantization" entry (None: stored in floats); refused unless `requantize`."""
+    if not (src / "config.json").is_file():
+        raise SystemExit(f"{src} has no config.json. Fix: pass a draft folder.")
+    stored_as = json.loads((src / "config.json").read_text()).get("quantization")
+    if stored_as and not requantize:
+        raise SystemExit(f"{src} is stored quantized already ({stored_as}). Fix: quantize the "
+                         "float draft it came from, or pass --requantize.")
+    return stored_as
+
+
 def quantize_draft(src: Path, dst: Path, bits: int = 8, group_size: int = 64,
                    requantize: bool = False,
                    hessians: dict[str, np.ndarray] | None = None) -> dict:
     """Write SRC's draft to DST with quantized linear layers -> {"bytes_before", "bytes_after"}.
     `requantize`: SRC may be stored quantized (dequantized first). `hessians`
     (`calibration_hessians`): round the layers they name by `gptq`."""
+    stored_as = stored_quantization(src, requantize)
     config = json.loads((src / "config.json").read_text())
-    stored_as = config.pop("quantization", None)
-    if stored_as and not requantize:
-        raise SystemExit(f"{src} is stored quantized already ({stored_as}). Fix: quantize the "
-                         "float draft it came from, or pass --requantize.")
+    config.pop("quantization", None)
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
@@ -255,10 +264,7 @@ def main() -> int:
         raise SystemExit(f"--calibrate {args.calibrate}: no such file. Fix: pass a training "
                          "answers .npz (the Qwen pair's are in git history: see "
                          "docs/training.md).")
-    if (args.src / "config.json").is_file() and not args.requantize and \
-            "quantization" in json.loads((args.src / "config.json").read_text()):
-        raise SystemExit(f"{args.src} is stored quantized already. Fix: quantize the float "
-                         "draft it came from, or pass --requantize.")
+    stored_quantization(args.src, args.requantize)  # refused before a calibration, not after
     hessians = (calibration_hessians(args.src, args.model, args.calibrate,
                                      args.calibrate_limit) if args.calibrate else None)
     sizes = quantize_draft(args.src, args.dst, args.bits, args.group_size, args.requantize,
