@@ -35,6 +35,7 @@ from engine.train.loop import (
 )
 from engine.train.objective import (
     Batch,
+    LossVocabulary,
     block_loss,
     context_mask,
     forward_parts,
@@ -892,3 +893,39 @@ def test_training_with_bfloat16_compute_lowers_the_loss(pair, tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0]
     saved = mx.load(str(tmp_path / "bf16" / "model.safetensors"))
     assert saved and all(mx.isfinite(v).all().item() for v in saved.values())
+
+
+def test_the_loss_vocabulary_is_the_batchs_tokens_then_the_ranking(pair):
+    target, draft, batch, taps, w = random_blocks(pair, 3, sequences=2, length=40, prompt_len=8)
+    vocab = target.vocab_size
+    ranked = [299, 5, 298, 7]  # the response ranking; the other ids follow by id
+    size = len(set(np.asarray(batch.tokens).ravel().tolist())) + 3
+    restricted, head = LossVocabulary.build(target, mx.float32, ranked, size).restrict(batch)
+    logits = slot_logits(draft, target, batch, taps)
+    kept = np.zeros(vocab, bool)
+    kept[np.asarray(batch.tokens).ravel()] = True
+    extra = [t for t in ranked + list(range(vocab)) if not kept[t]][:3]
+    kept[extra] = True
+    assert kept.sum() == size
+    ids = np.flatnonzero(kept)
+    # the labels point at their own tokens inside the subset
+    assert (ids[np.asarray(restricted.labels)] == np.asarray(batch.labels)).all()
+    sub = slot_logits(draft, target, restricted, taps, head)
+    assert sub.shape[-1] == size
+    assert mx.allclose(sub, logits[..., mx.array(ids)], atol=1e-5).item()
+    # the loss is the whole vocabulary's with every other token's logit at -inf
+    masked = mx.where(mx.array(kept), logits, -mx.inf)
+    assert mx.allclose(block_loss(draft, target, restricted, taps, w, head),
+                       slot_loss(masked, batch, w), atol=1e-5).item()
+    # a subset of the whole vocabulary is the whole vocabulary's loss
+    whole, head = LossVocabulary.build(target, mx.float32, ranked, vocab).restrict(batch)
+    assert mx.allclose(block_loss(draft, target, whole, taps, w, head),
+                       block_loss(draft, target, batch, taps, w), atol=1e-5).item()
+
+
+def test_training_over_a_loss_vocabulary_lowers_the_loss(pair, tmp_path):
+    log = tiny_run(pair[0], tmp_path)("subset", "--loss-vocab", "64", "--steps", "30",
+                                      "--lr", "3e-3")
+    assert log["config"]["loss_vocab"] == 64
+    losses = [h["loss"] for h in log["history"]]
+    assert len(losses) == 3 and losses[-1] < losses[0]

@@ -41,12 +41,14 @@ from .dataset import (
     encode_prompts,
     length_grouped_order,
     parse_data_weights,
+    token_ranking,
     weighted_indices,
     write_token_ranking,
 )
 from .generate import ATTENTION, generate_dataset
 from .objective import (
     Batch,
+    LossVocabulary,
     block_loss,
     block_runs,
     computing_in,
@@ -112,6 +114,7 @@ class TrainConfig:
     dtype: str = "float32"  # target dtype: float32 reproduces CPU fp32 greedy outputs
     save_dtype: str = "bfloat16"
     head_dtype: str = "float32"  # lm_head precision in the training loss (bfloat16: faster)
+    loss_vocab: int = 0  # the loss's softmax over this many tokens (LossVocabulary); 0: all
     # the draft's forward and backward (bfloat16: float32 weights, bfloat16 matmuls)
     draft_compute_dtype: str = "float32"
     mask_token_id: int | None = None
@@ -495,11 +498,15 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     head = low_precision_head(target, getattr(mx, cfg.head_dtype))
+    loss_vocab = (LossVocabulary.build(target, getattr(mx, cfg.head_dtype),
+                                       token_ranking([train_set]), cfg.loss_vocab)
+                  if cfg.loss_vocab else None)
     compute_dtype = getattr(mx, cfg.draft_compute_dtype)
+    step_head = [head]  # this step's head: the whole vocabulary's or loss_vocab's subset
 
     def loss_of(b: Batch, t: mx.array) -> mx.array:
         with computing_in(draft, compute_dtype):
-            return block_loss(draft, target, b, t, weights, head)
+            return block_loss(draft, target, b, t, weights, step_head[0])
 
     loss_and_grad = nn.value_and_grad(draft, loss_of)
     step, total, epoch, cursor = 0, cfg.steps, 0, 0
@@ -565,6 +572,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             cursor += cfg.batch * world
             anchor_rng = np.random.default_rng([cfg.seed, step, rank])  # resumes exactly
             batch = make_batch(train_set, idx, cfg.anchors, cfg.block_size, mask_id, anchor_rng)
+            if loss_vocab is not None:
+                batch, step_head[0] = loss_vocab.restrict(batch)
             _lap(clock, phase_ms, "batch")
             taps = target_taps(target, batch.tokens, draft.args.target_layer_ids)
             _lap(clock, phase_ms, "target", taps)
@@ -572,7 +581,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             if clock is not None:  # where the forward's time goes (extra work, timed steps only)
                 with computing_in(draft, compute_dtype):
                     for phase, part in forward_parts(draft, target, batch, taps, weights,
-                                                     head):
+                                                     step_head[0]):
                         _lap(clock, phase_ms, phase, part)
             loss, grads = loss_and_grad(batch, taps)
             _lap(clock, phase_ms, "draft_forward_backward", loss, grads)
@@ -778,6 +787,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights and optimizer state and runs the matmuls in bfloat16")
     p.add_argument("--head-dtype", default=d.head_dtype, choices=["float32", "bfloat16"],
                    help="lm_head precision inside the training loss (bfloat16 on GPU)")
+    p.add_argument("--loss-vocab", type=int, default=d.loss_vocab, metavar="N",
+                   help="the loss's softmax over N tokens: the batch's own plus the most "
+                        "frequent response tokens, as a decode's draft vocabulary holds "
+                        "(faster steps; validation keeps the whole vocabulary); 0: all")
     p.add_argument("--mask-token-id", type=int)
     p.add_argument("--state-dir", help="optimizer state folder (default OUT/resume)")
     p.add_argument("--log", help="training log JSON (default OUT/train-log.json)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -192,19 +192,67 @@ def computing_in(module: nn.Module, dtype: mx.Dtype) -> Iterator[None]:
 Head = Callable[[mx.array], mx.array]
 
 
-def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
-    """The target's lm_head computed in `dtype` (bf16 on GPU: the vocab projection dominates
-    a training step). Validation keeps the exact head."""
-    if dtype == mx.float32:
-        return target.lm_head
+def head_weight(target: TargetAdapter, dtype: mx.Dtype) -> mx.array | None:
+    """The target's lm_head weight [V, H] in `dtype`; None when the head is quantized."""
     outer = getattr(target.model, "language_model", target.model)
     tied = getattr(target.args, "tie_word_embeddings", False) or not hasattr(outer, "lm_head")
     w = (target.inner.embed_tokens if tied else outer.lm_head).weight
-    if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):  # quantized head: keep as is
-        return target.lm_head
+    if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        return None
     w = w.astype(dtype)
     mx.eval(w)
+    return w
+
+
+def low_precision_head(target: TargetAdapter, dtype: mx.Dtype) -> Head:
+    """The target's lm_head computed in `dtype` (bf16 on GPU: the vocab projection dominates
+    a training step). Validation keeps the exact head."""
+    w = None if dtype == mx.float32 else head_weight(target, dtype)
+    if w is None:
+        return target.lm_head
     return lambda h: h.astype(dtype) @ w.T
+
+
+@dataclass
+class LossVocabulary:
+    """The training loss's softmax over `size` tokens instead of the whole vocabulary: every
+    token of the batch (its prompts and labels) plus the highest-ranked response tokens. A
+    decode proposes from such a subset (draft_head.py: the ranking's top plus the prompt's
+    tokens), so this trains the choice a decode makes, and the vocabulary projection with its
+    softmax, most of a training step's draft work, shrinks by the vocabulary over `size`."""
+
+    weight: mx.array  # [V, H]: the target's head, in training's dtype
+    ranking: np.ndarray  # every token id, the most frequent response tokens first
+    size: int
+
+    @classmethod
+    def build(cls, target: TargetAdapter, dtype: mx.Dtype, ranked: Sequence[int],
+              size: int) -> LossVocabulary:
+        weight = head_weight(target, dtype)
+        if weight is None:
+            raise ValueError("--loss-vocab needs a float lm_head; this target's is quantized")
+        vocab = weight.shape[0]
+        seen = np.zeros(vocab, bool)
+        first = np.asarray([t for t in ranked if 0 <= t < vocab], np.int64)
+        seen[first] = True  # then the tokens no response wrote, by id
+        return cls(weight, np.concatenate([first, np.flatnonzero(~seen)]), size)
+
+    def restrict(self, batch: Batch) -> tuple[Batch, Head]:
+        """-> (the batch with labels as indices into the subset, the subset's head)."""
+        vocab = self.weight.shape[0]
+        labels = np.asarray(batch.labels)
+        keep = np.zeros(vocab, bool)
+        keep[np.asarray(batch.tokens).ravel()] = True
+        keep[labels.ravel()] = True
+        missing = self.size - int(keep.sum())
+        if missing > 0:
+            keep[self.ranking[~keep[self.ranking]][:missing]] = True
+        ids = np.flatnonzero(keep)
+        index = np.zeros(vocab, np.int32)
+        index[ids] = np.arange(ids.size, dtype=np.int32)
+        w = mx.take(self.weight, mx.array(ids.astype(np.int32)), axis=0)
+        restricted = replace(batch, labels=mx.array(index[labels]))
+        return restricted, lambda h: h.astype(w.dtype) @ w.T
 
 
 def slot_hidden(draft: DFlashDraft, target: TargetAdapter, batch: Batch,
