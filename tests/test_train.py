@@ -28,6 +28,7 @@ from engine.train.dataset import (
 from engine.train.loop import (
     TrainConfig,
     build_parser,
+    draft_optimizer,
     steps_that_fit,
     train,
     train_draft_main,
@@ -929,3 +930,14 @@ def test_training_over_a_loss_vocabulary_lowers_the_loss(pair, tmp_path):
     assert log["config"]["loss_vocab"] == 64
     losses = [h["loss"] for h in log["history"]]
     assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def test_the_optimizers_first_updates_are_the_learning_rate_in_size():
+    params = {"w": mx.zeros(4)}
+    grads = {"w": mx.array([1.0, -2.0, 3.0, -4.0])}
+    opt = draft_optimizer(1e-3, 0.0)
+    for step in range(1, 4):  # uncorrected, the first step alone would move 3.16e-3
+        before = params["w"]
+        params = opt.apply_gradients(grads, params)
+        moved = np.asarray(params["w"] - before)
+        assert np.allclose(moved, -1e-3 * np.sign(np.asarray(grads["w"])), rtol=1e-3), step
