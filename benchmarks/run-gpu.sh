@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What we measure on the H200, after ../shared/gpu/stage with the SmolLM2 GGUF. Results land
 # in $OUT; eval prompts travel in .carry/data, the tokenizer folder in .carry/tok. Each part
-# returns $OUT/kernel-cache.tar.gz (scripts/gpu_kernel_cache.sh): keep it in git history and
-# stage it beside the GGUF next time, so a fresh machine skips compiling MLX's kernels.
+# returns $OUT/kernel-cache.tar.xz.NN (scripts/gpu_kernel_cache.sh): keep the pieces in git
+# history and stage them, joined, beside the GGUF next time, so a fresh machine skips
+# compiling MLX's kernels.
 #   PART=setup   copy the GGUF + tokenizer into the engine's cache (once per machine)
 #   PART=kernels kernel exactness checks, forward profile, the synthetic Qwen3.5-9B shape
 #   PART=smollm2 the SmolLM2 pair: three suites at 256 tokens, 512-token rows, the
@@ -203,6 +204,9 @@ ab)  # an engine change's A/B on the GPU, both checkouts in one run (scripts/ab_
     --checkout after=. --suite humaneval --suite gsm8k --suite mt-bench --limit ${LIMIT:-4} \
     --no-baseline --json "$OUT/ab${SUFFIX:-}-gpu.json" ;;
 sampled)  # issue 16: temperature 0.7 beside the greedy rows
+  # kernels first (a fresh H100, 2026-12-08: each suite with 125 s ran out before its JSON)
+  BENCH_S=400 bench --suite mt-bench --temperature 0.7 --seed 0 --limit 1 --max-tokens 64
+  save_kernel_cache  # now too: a call cut short still returns it
   for suite in mt-bench humaneval gsm8k; do
     bench --suite "$suite" --temperature 0.7 --seed 0 --limit ${LIMIT:-8} --max-tokens 256 \
       --json "$OUT/smollm2-$suite-t07-gpu.json"

@@ -1,20 +1,28 @@
 # Sourced by the GPU scripts (benchmarks/run-gpu.sh, scripts/train_qwen_coder_gpu.sh). MLX
 # compiles its CUDA kernels at run time (NVRTC to PTX, then the driver to machine code). On a
-# fresh H200 (2026-12-07) a call spent about four of its eight minutes before its first suite
-# (unpacking, the GGUF's setup and a 2-prompt warm-up run): a staged cache's first call says
-# how much of that was compiling.
+# fresh machine that is most of a first call: on an H100 (2026-12-08) each of three
+# temperature-0.7 SmolLM2 suites, one process each, ran out of its 125 s before its JSON.
 # Both compilers' caches live under /root/kernel-cache, which a machine keeps between calls.
-# save_kernel_cache returns them as $OUT/kernel-cache.tar.gz; kept in git history and staged
-# again (../shared/gpu/stage FILE ...), they fill a fresh machine's caches before its first run.
-# MLX keys its cache by its version: a cache from another MLX is simply not used.
+# save_kernel_cache returns them xz-packed in 15 MB pieces, $OUT/kernel-cache.tar.xz.NN (a
+# returned file is capped at 16 MB: the gzip of 112 files, 69 MB, never came back); without
+# the driver's cache when the whole would pass 45 MB. Kept in git history, joined here
+# (cat kernel-cache.tar.xz.* > kernel-cache.tar.xz) and staged again (../shared/gpu/stage
+# FILE ...), they fill a fresh machine's caches before its first run. MLX keys its cache by
+# its version: a cache from another MLX is simply not used.
 export MLX_PTX_CACHE_DIR=/root/kernel-cache/ptx CUDA_CACHE_PATH=/root/kernel-cache/nv
-if [[ ! -d /root/kernel-cache && -f /root/stash/files/kernel-cache.tar.gz ]]; then
-  tar -C /root -xzf /root/stash/files/kernel-cache.tar.gz \
+if [[ ! -d /root/kernel-cache && -f /root/stash/files/kernel-cache.tar.xz ]]; then
+  tar -C /root -xJf /root/stash/files/kernel-cache.tar.xz \
     && echo "kernel cache staged: $(find /root/kernel-cache -type f | wc -l) files"
 fi
 save_kernel_cache() {
   [[ -d /root/kernel-cache ]] || return 0
-  tar -C /root -czf "$OUT/kernel-cache.tar.gz" kernel-cache \
-    && echo "kernel cache: $(find /root/kernel-cache -type f | wc -l) files," \
-            "$(stat -c %s "$OUT/kernel-cache.tar.gz") bytes packed"
+  local packed=/root/kernel-cache.tar.xz
+  tar -C /root -cf - kernel-cache | xz -T0 -6 > $packed
+  if (( $(stat -c %s $packed) > 45000000 )); then
+    tar -C /root -cf - kernel-cache/ptx | xz -T0 -6 > $packed
+  fi
+  rm -f "$OUT"/kernel-cache.tar.xz.*
+  split -b 15M -d -a 2 $packed "$OUT/kernel-cache.tar.xz."
+  echo "kernel cache: $(find /root/kernel-cache -type f | wc -l) files," \
+       "$(stat -c %s $packed) bytes packed in $(ls "$OUT"/kernel-cache.tar.xz.* | wc -l) pieces"
 }

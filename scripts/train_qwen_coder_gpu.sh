@@ -9,8 +9,9 @@
 # Before staging, empty the two drafts' model.safetensors (keep the files: the stage tool's `du`
 # stops silently on a missing tracked file) so the parts get the room: with the tree at 6 MB,
 # `--parts-mib 57` makes 22 parts; INIT's tar of the shipped draft is staged like any file, and
-# so is kernel-cache.tar.gz, which PART=gen, bench and ab return (scripts/gpu_kernel_cache.sh:
-# MLX's compiled CUDA kernels; keep it in git history like the answers).
+# so is kernel-cache.tar.xz, which PART=gen, bench and ab return in pieces
+# (scripts/gpu_kernel_cache.sh: MLX's compiled CUDA kernels; keep it in git history like the
+# answers).
 # Parts (PART=...):
 #   gen    the target (bf16) answers prompt slice SLICE (K/N) of train_prompts.jsonl.gz for
 #          GEN_S seconds -> /root/gen-$SEED/data.npz, copied to $OUT/gen-$SEED.npz (keep it:
