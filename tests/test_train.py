@@ -13,6 +13,7 @@ from tiny_pairs import check_walk_is_the_decode, make_tiny_pair
 import engine.train.loop as train_loop
 from engine.cycle import DraftProposer
 from engine.draft import DFlashDraft
+from engine.errors import ConfigError
 from engine.loading import load_draft_folder, load_target
 from engine.runtime import DFlashRuntime
 from engine.targets import adapter_for
@@ -928,6 +929,8 @@ def test_training_over_a_loss_vocabulary_lowers_the_loss(pair, tmp_path):
     log = tiny_run(pair[0], tmp_path)("subset", "--loss-vocab", "64", "--steps", "30",
                                       "--lr", "3e-3")
     assert log["config"]["loss_vocab"] == 64
+    with pytest.raises(ConfigError, match="--loss-vocab -1"):
+        tiny_run(pair[0], tmp_path)("negative", "--loss-vocab", "-1")
     losses = [h["loss"] for h in log["history"]]
     assert len(losses) == 3 and losses[-1] < losses[0]
 

@@ -394,6 +394,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             int(cfg.prompt_slice.split("/")[0]) >= int(cfg.prompt_slice.split("/")[1])):
         raise ConfigError(f"--prompt-slice {cfg.prompt_slice}: expected K/N with 0 <= K < N, "
                           "e.g. 0/2")
+    if cfg.loss_vocab < 0:
+        raise ConfigError(f"--loss-vocab {cfg.loss_vocab}: expected a token count (e.g. 16384), "
+                          "or 0 for the whole vocabulary")
     if cfg.prompts_file and not Path(cfg.prompts_file).is_file():
         raise ConfigError(f"--prompts-file {cfg.prompts_file}: no such file (a JSONL(.gz) of "
                           "records with id, prompt, source)")

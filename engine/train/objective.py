@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from ..bench.metrics import repeated_ngrams
 from ..draft import DFlashDraft
+from ..errors import ConfigError
 from ..targets.base import TargetAdapter
 from .dataset import Dataset
 
@@ -230,7 +231,8 @@ class LossVocabulary:
               size: int) -> LossVocabulary:
         weight = head_weight(target, dtype)
         if weight is None:
-            raise ValueError("--loss-vocab needs a float lm_head; this target's is quantized")
+            raise ConfigError("--loss-vocab: this target's lm_head is quantized; train "
+                              "without --loss-vocab (the whole vocabulary)")
         vocab = weight.shape[0]
         seen = np.zeros(vocab, bool)
         first = np.asarray([t for t in ranked if 0 <= t < vocab], np.int64)
