@@ -508,12 +508,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         draft.norm.weight = target.inner.norm.weight.astype(draft.norm.weight.dtype)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     optimizer = draft_optimizer(cfg.lr, cfg.weight_decay)
-    head = low_precision_head(target, getattr(mx, cfg.head_dtype))
-    loss_vocab = (LossVocabulary.build(target, getattr(mx, cfg.head_dtype),
-                                       token_ranking([train_set]), cfg.loss_vocab)
-                  if cfg.loss_vocab else None)
+    head_dtype = getattr(mx, cfg.head_dtype)
+    # one copy of the head's weight in head_dtype: the whole head's, or loss_vocab's to
+    # take each step's subset from
+    loss_vocab = (LossVocabulary.build(target, head_dtype, token_ranking([train_set]),
+                                       cfg.loss_vocab) if cfg.loss_vocab else None)
     compute_dtype = getattr(mx, cfg.draft_compute_dtype)
-    step_head = [head]  # this step's head: the whole vocabulary's or loss_vocab's subset
+    # this step's head: the whole vocabulary's, or loss_vocab's subset (set with each batch)
+    step_head = [None if loss_vocab else low_precision_head(target, head_dtype)]
 
     def loss_of(b: Batch, t: mx.array) -> mx.array:
         with computing_in(draft, compute_dtype):
