@@ -10,7 +10,6 @@ response tokens are counted.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.train.dataset import Dataset, write_token_ranking
+    from engine.train.dataset import Dataset, token_ranking, write_token_ranking
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("draft", type=Path, help="the draft folder to write token_ranking.json into")
@@ -35,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     source = (f"scripts/token_ranking.py: response-token counts of "
               f"{' + '.join(f.name for f in args.data)} ({n_seq} sequences, {n_tok} response "
               "tokens; prompts not counted)")
-    path = write_token_ranking(datasets, args.draft, source)
-    ids = json.loads(path.read_text())["token_ids"]
+    ids = token_ranking(datasets)
+    path = write_token_ranking(ids, args.draft, source)
     print(f"wrote {path}: {len(ids)} token ids seen in {n_tok} response tokens")
     return 0
 

@@ -758,7 +758,7 @@ def test_token_ranking_counts_responses_only(tmp_path):
     # responses: 1 2 2 3 | 3 3 | 5 1 5 -> 3 x3, then 1, 2, 5 x2 each (ties by id); 9 only in
     # prompts
     assert token_ranking([a, b]) == [3, 1, 2, 5]
-    path = write_token_ranking([a, b], tmp_path, "unit test")
+    path = write_token_ranking(token_ranking([a, b]), tmp_path, "unit test")
     assert json.loads(path.read_text()) == {"version": 1, "source": "unit test",
                                             "token_ids": [3, 1, 2, 5]}
     assert token_ranking([Dataset([], [])]) == []

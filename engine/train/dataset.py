@@ -151,17 +151,19 @@ def weighted_indices(sizes: Sequence[int], weights: Sequence[float],
 def token_ranking(datasets: Sequence[Dataset]) -> list[int]:
     """Token ids by how often they occur in the responses (prompts excluded: the draft
     predicts answers), most frequent first, ties by id; unseen tokens are left out."""
-    flat = [t for d in datasets for s, p in zip(d.sequences, d.prompt_lens) for t in s[p:]]
-    counts = np.bincount(np.asarray(flat, dtype=np.int64)) if flat else np.zeros(0, np.int64)
+    responses = [np.asarray(s[p:], dtype=np.int64)
+                 for d in datasets for s, p in zip(d.sequences, d.prompt_lens)]
+    flat = np.concatenate(responses) if responses else np.zeros(0, np.int64)
+    counts = np.bincount(flat)
     seen = np.flatnonzero(counts)
     return seen[np.argsort(-counts[seen], kind="stable")].tolist()
 
 
-def write_token_ranking(datasets: Sequence[Dataset], out_dir: Path | str, source: str) -> Path:
-    """OUT/token_ranking.json: the ranking the runtime's draft vocabulary is cut from."""
+def write_token_ranking(ids: Sequence[int], out_dir: Path | str, source: str) -> Path:
+    """OUT/token_ranking.json: `ids` (a `token_ranking`), which the runtime's draft
+    vocabulary is cut from."""
     path = Path(out_dir) / RANKING_FILE
-    ids = token_ranking(datasets)
-    path.write_text(json.dumps({"version": 1, "source": source, "token_ids": ids}) + "\n")
+    path.write_text(json.dumps({"version": 1, "source": source, "token_ids": list(ids)}) + "\n")
     return path
 
 

@@ -511,8 +511,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     head_dtype = getattr(mx, cfg.head_dtype)
     # one copy of the head's weight in head_dtype: the whole head's, or loss_vocab's to
     # take each step's subset from
-    loss_vocab = (LossVocabulary.build(target, head_dtype, token_ranking([train_set]),
-                                       cfg.loss_vocab) if cfg.loss_vocab else None)
+    ranking = token_ranking([train_set])  # the loss vocabulary's order, and the draft's file
+    loss_vocab = (LossVocabulary.build(target, head_dtype, ranking, cfg.loss_vocab)
+                  if cfg.loss_vocab else None)
     compute_dtype = getattr(mx, cfg.draft_compute_dtype)
     # this step's head: the whole vocabulary's, or loss_vocab's subset (set with each batch)
     step_head = [None if loss_vocab else low_precision_head(target, head_dtype)]
@@ -673,7 +674,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     save_checkpoint(draft, out, getattr(mx, cfg.save_dtype))
     save_state(optimizer, draft, step, total, state_dir, epoch, cursor)
     files = " + ".join(Path(f).name for f in [data_path, *cfg.extra_data])
-    write_token_ranking([train_set], out, f"dflash train-draft: response-token counts of the "
+    write_token_ranking(ranking, out, f"dflash train-draft: response-token counts of the "
                         f"training sequences ({len(train_set)}, validation held out) of {files}")
     final = validate(draft, target, val_set, cfg, weights)
     final["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set)
