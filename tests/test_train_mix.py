@@ -138,6 +138,22 @@ def mix_config(tmp_path, records, **kw) -> MixConfig:
                      multiturn_share=0.5, magpie_share=0.5, templated_share=0.5, **kw)
 
 
+def test_prompts_encode_in_one_batch_as_each_would_alone(pair):
+    """encode_prompts renders and tokenizes the whole batch in one call (a fast tokenizer's
+    parallel encode); each row equals the conversation's own chat-template encoding."""
+    _, _, _, tokenizer = pair
+    chats = [[{"role": "user", "content": "Hi"}],
+             [{"role": "system", "content": "Be brief."},
+              {"role": "user", "content": "Name three prime numbers, please."}],
+             [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+              {"role": "user", "content": "And 3+3?"}]]
+    alone = [list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True))
+             for c in chats]
+    assert len({len(a) for a in alone}) == 3  # rows of different lengths: no padding kept
+    assert encode_prompts(tokenizer, chats) == alone
+    assert encode_prompts(tokenizer, []) == []
+
+
 def test_multiturn_replay_feeds_back_the_targets_answers(pair, tmp_path):
     _, _, model, tokenizer = pair
     turns = ["Hello!", "What is 12 times 7?", "Thanks, and 3 times 4?"]

@@ -168,8 +168,12 @@ def write_token_ranking(ids: Sequence[int], out_dir: Path | str, source: str) ->
 
 
 def encode_prompts(tokenizer: Any, conversations: Sequence[list[dict]]) -> list[list[int]]:
-    out = []
-    for messages in conversations:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
-    return out
+    """Each conversation's chat-template prompt as token ids. One batched call: a fast
+    tokenizer encodes the rendered batch in parallel, where a call per prompt does not."""
+    if not conversations:
+        return []
+    ids = tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True,
+                                        tokenize=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding
+        ids = ids["input_ids"]
+    return [list(row) for row in ids]
