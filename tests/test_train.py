@@ -347,6 +347,32 @@ def test_the_loss_over_bfloat16_logits_has_the_float32_gradient():
     assert mx.array_equal(slot_loss(exact, batch, weights), through_float32(exact))
 
 
+def test_answering_loads_the_target_once_at_the_generation_dtype(pair, tmp_path, monkeypatch):
+    """--gen-dtype: a --collect-only run loads the target once, at that dtype (not first at
+    --dtype as well: on a lent GPU that is a second load of every weight before any answer);
+    a run that answers and then trains loads it at --gen-dtype, then at --dtype."""
+    import engine.loading
+
+    target_dir = pair[0]
+    real, loads = engine.loading.load_target, []
+
+    def counting(model_id, dtype=None, *args, **kwargs):
+        loads.append(dtype)
+        return real(model_id, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(engine.loading, "load_target", counting)
+    base = ["--model", str(target_dir), "--depth", "1", "--taps", "1,2", "--max-len", "12",
+            "--num-prompts", "8", "--gen-batch", "8", "--no-progress", "--gen-dtype", "bfloat16"]
+    log = train(TrainConfig(**vars(build_parser().parse_args(
+        base + ["--out", str(tmp_path / "a"), "--collect-only"]))), say=lambda m: None)
+    assert log["sequences"] > 0 and loads == ["bfloat16"]
+    loads.clear()
+    train(TrainConfig(**vars(build_parser().parse_args(
+        base + ["--out", str(tmp_path / "b"), "--steps", "1", "--batch", "2", "--anchors", "2",
+                "--val-size", "2", "--val-every", "1"]))), say=lambda m: None)
+    assert loads == ["bfloat16", "float32"]
+
+
 def test_train_end_to_end_round_trips(pair, tmp_path):
     """The CLI path: generate data, train, checkpoint in the published layout, resume, and the
     checkpoint loads unchanged and drives DFlashRuntime losslessly."""

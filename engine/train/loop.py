@@ -344,12 +344,9 @@ def data_names(paths: Sequence[Path]) -> list[str]:
 
 def collect_data(model: nn.Module, tokenizer: Any, cfg: TrainConfig, data_path: Path,
                  heldout_path: Path, say: Callable) -> Dataset:
-    """The target's answers: to the real-prompt mix when --prompts-file is given (phases
-    saved beside `data_path`, so an interrupted run resumes), else to the templated set."""
-    if cfg.gen_dtype and cfg.gen_dtype != cfg.dtype:
-        from ..loading import load_target
-
-        model, tokenizer, _ = load_target(cfg.model, cfg.gen_dtype)
+    """The target's (`model`, loaded at --gen-dtype) answers: to the real-prompt mix when
+    --prompts-file is given (phases saved beside `data_path`, so an interrupted run resumes),
+    else to the templated set."""
     data_path.parent.mkdir(parents=True, exist_ok=True)
     if cfg.prompts_file:
         from .collect import Collector, MixConfig, parse_time_shares
@@ -427,24 +424,31 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     state_dir = Path(cfg.state_dir) if cfg.state_dir else out / "resume"
     log_path = Path(cfg.log) if cfg.log else out / "train-log.json"
-    model, tokenizer, model_id = load_target(cfg.model, cfg.dtype)
-    model.freeze()
-    target = adapter_for(model)
-    say(f"target {model_id}: {target.num_layers} layers, hidden {target.hidden_size}")
-
     data_path = Path(cfg.data) if cfg.data else out / "resume" / "data.npz"
     heldout_path = Path(cfg.heldout) if cfg.heldout else data_path.with_name("heldout.npz")
-    if data_path.is_file():
-        data = Dataset.load(data_path)
-        say(f"data: reusing {data_path} ({len(data)} sequences)")
-    elif world > 1:
+    collecting = not data_path.is_file()
+    if collecting and world > 1:
         raise ConfigError(f"--data {data_path}: no such file; a data-parallel run trains on "
                           "existing data (collect it first with --collect-only)")
-    else:
+    # loaded in the dtype it is first needed in: a run that only answers loads it once
+    first_dtype = (cfg.gen_dtype or cfg.dtype) if collecting else cfg.dtype
+    model, tokenizer, model_id = load_target(cfg.model, first_dtype)
+    model.freeze()
+    say(f"target {model_id} ({first_dtype})")
+    if collecting:
         data = collect_data(model, tokenizer, cfg, data_path, heldout_path, say)
+    else:
+        data = Dataset.load(data_path)
+        say(f"data: reusing {data_path} ({len(data)} sequences)")
     gen_s = time.perf_counter() - t0
     if cfg.collect_only:
         return {"data": data.meta, "sequences": len(data), "seconds": gen_s}
+    if first_dtype != cfg.dtype:  # answered at --gen-dtype, trained against --dtype
+        del model
+        model, tokenizer, model_id = load_target(cfg.model, cfg.dtype)
+        model.freeze()
+    target = adapter_for(model)
+    say(f"target {model_id}: {target.num_layers} layers, hidden {target.hidden_size}")
     # every data file keeps its own validation split; the held-out real prompts (never
     # trained on in any stage) are the figure that counts
     val_sets: dict[str, Dataset] = {}
