@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,18 +90,23 @@ def convert(path: Path, folder: Path, args: dict[str, Any], name_of: Callable[[s
     from safetensors.numpy import save_file
 
     reader = gguf.GGUFReader(path)
-    weights: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(reader.tensors):
-        say(f"converting {path.name} for MLX (once)", i / len(reader.tensors))
+
+    def converted(tensor: Any) -> dict[str, np.ndarray]:
         name = name_of(tensor.name)
         raw = np.asarray(tensor.data)
         if tensor.tensor_type == Q4_K:
             module = name.removesuffix(".weight")
-            for key, array in zip(("weight", "scales", "biases"), q4k_affine(raw)):
-                weights[f"{module}.{key}"] = np.ascontiguousarray(fix_rows(name, array))
-        else:
-            dense = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
-            weights[name] = np.ascontiguousarray(fix_rows(name, dense))
+            return {f"{module}.{key}": np.ascontiguousarray(fix_rows(name, array))
+                    for key, array in zip(("weight", "scales", "biases"), q4k_affine(raw))}
+        dense = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
+        return {name: np.ascontiguousarray(fix_rows(name, dense))}
+
+    # numpy lets go of the GIL in its array work: tensors convert side by side, one per core
+    weights: dict[str, np.ndarray] = {}
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        for i, arrays in enumerate(pool.map(converted, reader.tensors)):
+            say(f"converting {path.name} for MLX (once)", i / len(reader.tensors))
+            weights.update(arrays)
     args = {**args, "vocab_size": int(weights["model.embed_tokens.weight"].shape[0])}
     if any(t.tensor_type == Q4_K for t in reader.tensors):
         args["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
