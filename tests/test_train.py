@@ -347,6 +347,18 @@ def test_the_loss_over_bfloat16_logits_has_the_float32_gradient():
     assert mx.array_equal(slot_loss(exact, batch, weights), through_float32(exact))
 
 
+def test_a_tap_count_the_target_cannot_hold_is_refused_naming_a_fix(pair, tmp_path):
+    """Spread over a 4-layer target, 3 taps fall on one layer ([1, 1, 1]): refused in one
+    line with a list that fits, not trained as a draft reading the same layer three times."""
+    target_dir = pair[0]
+    data = tmp_path / "data.npz"
+    Dataset([[1, 2, 3, 4, 5, 6]] * 6, [2] * 6).save(data)
+    argv = ["--model", str(target_dir), "--out", str(tmp_path / "d"), "--taps", "3",
+            "--data", str(data), "--steps", "1", "--no-progress"]
+    with pytest.raises(ConfigError, match=r"--taps 3: layers \[1, 1, 1\].*--taps 1$"):
+        train(TrainConfig(**vars(build_parser().parse_args(argv))), say=lambda m: None)
+
+
 def test_answering_loads_the_target_once_at_the_generation_dtype(pair, tmp_path, monkeypatch):
     """--gen-dtype: a --collect-only run loads the target once, at that dtype (not first at
     --dtype as well: on a lent GPU that is a second load of every weight before any answer);

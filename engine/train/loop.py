@@ -154,6 +154,11 @@ def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
 def draft_args_for(target: TargetAdapter, cfg: TrainConfig, mask_id: int) -> DraftArgs:
     targs, L = target.args, target.num_layers
     taps = cfg.taps if isinstance(cfg.taps, list) else default_tap_ids(L, cfg.taps)
+    if len(set(taps)) != len(taps) or not all(0 <= t < L for t in taps):
+        fitting = sorted({min(max(t, 0), L - 1) for t in taps})
+        raise ConfigError(f"--taps {cfg.taps}: layers {taps} of a {L}-layer target are not "
+                          f"distinct layers 0..{L - 1}; pass fewer taps, or a list such as "
+                          f"--taps {','.join(map(str, fitting))}")
     heads = int(getattr(targs, "num_attention_heads", 8))
     kv = int(getattr(targs, "num_key_value_heads", None) or heads)
     hd = int(getattr(targs, "head_dim", None) or target.hidden_size // heads)
@@ -249,7 +254,7 @@ def save_state(optimizer: optim.Optimizer, draft: DFlashDraft, step: int, total:
     mx.save_safetensors(str(state_dir / "optimizer.safetensors"), opt)
     (state_dir / "step.json").write_text(json.dumps({
         "step": step, "total": total, "epoch": epoch, "cursor": cursor,
-        "mask_token_id": draft.args.mask_token_id}))
+        "mask_token_id": draft.args.mask_token_id, "draft": draft.args.to_config()}))
 
 
 def load_state(optimizer: optim.Optimizer, draft: DFlashDraft, state_dir: Path) -> dict:
@@ -483,11 +488,16 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
 
     mask_id = cfg.mask_token_id
     resuming = cfg.resume and (state_dir / "step.json").is_file()
+    saved = json.loads((state_dir / "step.json").read_text()) if resuming else {}
     if mask_id is None and resuming:  # the run's own: another machine's tokenizer may differ
-        mask_id = json.loads((state_dir / "step.json").read_text()).get("mask_token_id")
+        mask_id = saved.get("mask_token_id")
     if mask_id is None:
         mask_id = pick_mask_token(tokenizer, target.vocab_size)
-    if cfg.init:
+    if "draft" in saved:
+        # the paused run's own shape (its taps above all), whatever these flags would build:
+        # a tap count's default rule need not give the taps an --init draft came with
+        draft = DFlashDraft(DraftArgs.from_config(saved["draft"]))
+    elif cfg.init:
         from ..loading import dequantize_floats, load_draft_folder
 
         draft = load_draft_folder(Path(cfg.init), mx.float32)
@@ -538,7 +548,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
             earlier = json.loads(log_path.read_text())
         say(f"resumed at step {step} of {total}")
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
-    say(f"draft: {cfg.depth} layers, taps {draft.args.target_layer_ids}, "
+    say(f"draft: {draft.args.num_hidden_layers} layers, taps {draft.args.target_layer_ids}, "
         f"{n_params / 1e6:.2f}M parameters, mask token {mask_id}")
 
     def data_order(epoch: int) -> np.ndarray:  # the same on every rank, and after --resume
