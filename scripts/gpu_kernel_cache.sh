@@ -9,20 +9,21 @@
 # (cat kernel-cache.tar.xz.* > kernel-cache.tar.xz) and staged again (../shared/gpu/stage
 # FILE ...), they fill a fresh machine's caches before its first run. MLX keys its cache by
 # its version: a cache from another MLX is simply not used.
-export MLX_PTX_CACHE_DIR=/root/kernel-cache/ptx CUDA_CACHE_PATH=/root/kernel-cache/nv
-if [[ ! -d /root/kernel-cache && -f /root/stash/files/kernel-cache.tar.xz ]]; then
-  tar -C /root -xJf /root/stash/files/kernel-cache.tar.xz \
-    && echo "kernel cache staged: $(find /root/kernel-cache -type f | wc -l) files"
+WORK=${WORK:-/root}  # where the machine keeps things between calls
+export MLX_PTX_CACHE_DIR=$WORK/kernel-cache/ptx CUDA_CACHE_PATH=$WORK/kernel-cache/nv
+if [[ ! -d $WORK/kernel-cache && -f $WORK/stash/files/kernel-cache.tar.xz ]]; then
+  tar -C $WORK -xJf $WORK/stash/files/kernel-cache.tar.xz \
+    && echo "kernel cache staged: $(find $WORK/kernel-cache -type f | wc -l) files"
 fi
 save_kernel_cache() {
-  [[ -d /root/kernel-cache ]] || return 0
-  local packed=/root/kernel-cache.tar.xz
-  tar -C /root -cf - kernel-cache | xz -T0 -6 > $packed
+  [[ -d $WORK/kernel-cache ]] || return 0
+  local packed=$WORK/kernel-cache.tar.xz
+  tar -C $WORK -cf - kernel-cache | xz -T0 -6 > $packed
   if (( $(stat -c %s $packed) > 45000000 )); then
-    tar -C /root -cf - kernel-cache/ptx | xz -T0 -6 > $packed
+    tar -C $WORK -cf - kernel-cache/ptx | xz -T0 -6 > $packed
   fi
   rm -f "$OUT"/kernel-cache.tar.xz.*
   split -b 15M -d -a 2 $packed "$OUT/kernel-cache.tar.xz."
-  echo "kernel cache: $(find /root/kernel-cache -type f | wc -l) files," \
+  echo "kernel cache: $(find $WORK/kernel-cache -type f | wc -l) files," \
        "$(stat -c %s $packed) bytes packed in $(ls "$OUT"/kernel-cache.tar.xz.* | wc -l) pieces"
 }

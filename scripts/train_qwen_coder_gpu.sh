@@ -64,27 +64,30 @@
 # SEED=9 TRAIN_S=450 TAIL_S=110 LR=3e-4 BATCH=16 ANCHORS=64 PART=train in one call: 2,897
 # steps, held-out 2.84 -> 2.61 -> 2.93 (shipped, 4-bit).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=/root/dfcache MLX_ENABLE_TF32=1
+# WORK and MODEL: for a dry run on a CPU (tests/test_gpu_scripts.py, a tiny pair); a lent
+# machine uses the defaults, where ../shared/gpu/stage leaves the files
+WORK=${WORK:-/root}
+export PYTHONUNBUFFERED=1 PYTHONPATH=. DFLASH_CACHE_DIR=$WORK/dfcache MLX_ENABLE_TF32=1
 source scripts/gpu_kernel_cache.sh  # MLX's compiled CUDA kernels, kept and staged
-files=/root/stash/files
-model=qwen2.5-coder-1.5b
+files=$WORK/stash/files
+model=${MODEL:-qwen2.5-coder-1.5b}
 for gguf in $files/qwen2.5-coder-*.gguf; do  # once per machine: into the engine's cache
   [[ -f $gguf ]] || continue
   key=$(basename "$gguf" | sed -E 's/-instruct.*//')
   mkdir -p "$DFLASH_CACHE_DIR/$key" && mv "$gguf" "$DFLASH_CACHE_DIR/$key/"
 done
 if [[ -f $files/qwen-extras.tar ]]; then
-  mkdir -p /root/evals && tar -xf $files/qwen-extras.tar -C /root && rm $files/qwen-extras.tar
+  mkdir -p $WORK/evals && tar -xf $files/qwen-extras.tar -C $WORK && rm $files/qwen-extras.tar
 fi
 SEED=${SEED:-1}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 data_args() {
   local first=1
-  for d in $files/gen-*.npz /root/gen-*/data.npz; do
+  for d in $files/gen-*.npz $WORK/gen-*/data.npz; do
     [[ -f $d ]] || continue
     if (( first )); then echo --data "$d"; first=0; else echo --extra-data "$d"; fi
   done
-  for h in $files/heldout-*.npz /root/gen-*/heldout.npz; do
+  for h in $files/heldout-*.npz $WORK/gen-*/heldout.npz; do
     [[ -f $h ]] && { echo --heldout "$h"; break; }
   done
 }
@@ -100,11 +103,11 @@ train_args=(--model $model --seed $SEED --dtype bfloat16 --max-len 1024 --batch 
             ${DATA_WEIGHTS:+--data-weights "$DATA_WEIGHTS"})
 pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB pieces (a file
   # that comes back is capped at 16 MB, all of them at 64 MB): weights over 56 MB come back
-  # stored 8-bit (the bf16 ones stay in /root/draft for PART=more on this machine)
-  local dir=${1:-/root/draft}
+  # stored 8-bit (the bf16 ones stay in $WORK/draft for PART=more on this machine)
+  local dir=${1:-$WORK/draft}
   if (( $(stat -c %s "$dir/model.safetensors") > 56000000 )); then
-    rm -rf /root/draft-q8 && python3 scripts/quantize_draft.py "$dir" /root/draft-q8 --bits 8 \
-      && dir=/root/draft-q8
+    rm -rf $WORK/draft-q8 && python3 scripts/quantize_draft.py "$dir" $WORK/draft-q8 --bits 8 \
+      && dir=$WORK/draft-q8
   fi
   tar -C "$dir" -cf "$OUT/draft-meta.tar" config.json token_ranking.json train-log.json
   split -b 15M -d -a 2 "$dir/model.safetensors" "$OUT/draft-weights.part-"
@@ -112,11 +115,11 @@ pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB p
 }
 case "${PART:-}" in
 gen)
-  out=/root/gen-$SEED; mkdir -p $out
+  out=$WORK/gen-$SEED; mkdir -p $out
   answered=(); for d in $files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
   timeout $(( ${GEN_S:-420} + 120 )) python3 -m engine.train "${shape[@]}" \
     --model $model --out $out --data $out/data.npz --collect-only --max-len 1024 --no-progress \
-    --prompts-file $files/train_prompts.jsonl.gz --eval-dir /root/evals \
+    --prompts-file $files/train_prompts.jsonl.gz --eval-dir $WORK/evals \
     --prompt-slice ${SLICE:-0/4} --prompt-seed $SEED --num-prompts ${NUM_PROMPTS:-129000} \
     --gen-batch ${GEN_BATCH:-1024} --gen-dtype bfloat16 --gen-attention ${GEN_ATTENTION:-grouped} \
     --gen-back-to-back ${GEN_ARGS:-} ${answered[@]:+--skip-answered "${answered[@]}"} \
@@ -129,19 +132,19 @@ train|resume)
   init=()
   [[ $PART == resume ]] && init=(--resume)
   if [[ -n ${INIT:-} && $PART == train ]]; then
-    mkdir -p /root/init && tar -xf "$INIT" -C /root/init && init=(--init /root/init)
+    mkdir -p $WORK/init && tar -xf "$INIT" -C $WORK/init && init=(--init $WORK/init)
   fi
   timeout $(( ${TRAIN_S:-420} + ${TAIL_S:-120} )) python3 -m engine.train "${train_args[@]}" \
-    "${shape[@]}" $(data_args) "${init[@]}" --lr ${LR:-6e-4} --out /root/draft \
-    --state-dir /root/state --train-seconds ${TRAIN_S:-420} ${PAUSE:+--pause-after $PAUSE} \
+    "${shape[@]}" $(data_args) "${init[@]}" --lr ${LR:-6e-4} --out $WORK/draft \
+    --state-dir $WORK/state --train-seconds ${TRAIN_S:-420} ${PAUSE:+--pause-after $PAUSE} \
     ${TRAIN_ARGS:-} 2>&1 \
     | grep -v "^ *$" | tail -n 40
   pack ;;
 more)
-  rm -rf /root/init && cp -r /root/draft /root/init
+  rm -rf $WORK/init && cp -r $WORK/draft $WORK/init
   timeout $(( ${MORE_S:-300} + ${TAIL_S:-120} )) python3 -m engine.train "${train_args[@]}" \
-    "${shape[@]}" $(data_args) --init /root/init --lr ${LR_MORE:-3e-4} --out /root/draft \
-    --state-dir /root/state2 --train-seconds ${MORE_S:-300} ${TRAIN_ARGS:-} 2>&1 \
+    "${shape[@]}" $(data_args) --init $WORK/init --lr ${LR_MORE:-3e-4} --out $WORK/draft \
+    --state-dir $WORK/state2 --train-seconds ${MORE_S:-300} ${TRAIN_ARGS:-} 2>&1 \
     | grep -v "^ *$" | tail -n 40
   pack ;;
 bench)
