@@ -310,6 +310,9 @@ def test_a_held_out_prompt_is_never_trained_on_under_another_id():
                PromptRecord(free[0], "sharegpt", "chat", ("hey", "And then?")),
                PromptRecord(free[1], "sharegpt", "chat", ("Hey there, how are you?",))]
     assert [r.id for r in usable(records, None)] == [free[1]]
+    # a slice without the held-out record is still checked against it
+    assert [r.id for r in usable(records[1:], None, among=records)] == [free[1]]
+    assert [r.id for r in usable(records[1:], None)] == [free[0], free[1]]
 
     heldout = Dataset([[1, 2, 9, 9]], [2])
     a = Dataset([[1, 2, 5, 5], [3, 4, 6], [7, 7, 7]], [2, 2, 1])

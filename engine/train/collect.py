@@ -279,9 +279,8 @@ class Collector:
         cfg = self.cfg
         decon = Decontaminator.from_texts(eval_texts(cfg.eval_dir)) if cfg.eval_dir else None
         every = load_records(cfg.prompts_file)
-        records = usable(every, decon)
         index, count = cfg.slice
-        records = [r for r in records if in_slice(r.id, index, count)]
+        records = usable([r for r in every if in_slice(r.id, index, count)], decon, among=every)
         self.say(f"prompts: {len(records)} usable records in slice {index}/{count}")
         parts: dict[str, Dataset] = {}
         start = time.perf_counter()

@@ -139,11 +139,15 @@ def is_clean(record: PromptRecord, decon: Decontaminator | None) -> bool:
     return decon is None or all(decon.clean(t) for t in record.turns)
 
 
-def usable(records: Sequence[PromptRecord], decon: Decontaminator | None) -> list[PromptRecord]:
+def usable(records: Sequence[PromptRecord], decon: Decontaminator | None,
+           among: Sequence[PromptRecord] | None = None) -> list[PromptRecord]:
     """Drop held-out and contaminated records, and records that repeat a held-out record's
     turn under another id (the prompt file holds the same greeting or question more than
-    once): a held-out prompt must never be trained on, whatever its id."""
-    held = {normal_text(t) for r in records if is_held_out(r.id) for t in r.turns}
+    once): a held-out prompt must never be trained on, whatever its id. The held-out records
+    are those of `among` (default: `records`): a slice of the file is checked against the
+    whole file's held-out turns, without checking the rest of the file for contamination."""
+    held = {normal_text(t) for r in (records if among is None else among)
+            if is_held_out(r.id) for t in r.turns}
     return [r for r in records if not is_held_out(r.id) and is_clean(r, decon)
             and not any(normal_text(t) in held for t in r.turns)]
 
