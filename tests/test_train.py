@@ -459,6 +459,8 @@ def test_a_paused_run_resumes_to_the_same_weights(pair, tmp_path):
     assert not whole["paused"]
     first = run("parts", "--pause-after", "0", "--steps", "8")
     assert first["steps"] == 1 and first["paused"]
+    # a paused call leaves the final validation (and its device time) to the last call
+    assert "final_val" not in first and "final_val" in whole
     assert run("parts", "--pause-after", "0", "--steps", "8", "--resume")["steps"] == 2
     last = run("parts", "--steps", "8", "--resume")
     assert last["steps"] == 8 and not last["paused"]

@@ -690,6 +690,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
     files = " + ".join(Path(f).name for f in [data_path, *cfg.extra_data])
     write_token_ranking(ranking, out, f"dflash train-draft: response-token counts of the "
                         f"training sequences ({len(train_set)}, validation held out) of {files}")
+    if log["paused"]:  # the run that finishes the schedule validates; this one saves its time
+        _write_log(log, log_path, step, total, gen_s, log_start, t0)
+        return log
     final = validate(draft, target, val_set, cfg, weights)
     final["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set)
     log["final_val"] = {"set": val_name, **final}
