@@ -115,8 +115,13 @@ pack() {  # the draft's config, ranking and log in a tar, its weights in 15 MB p
 }
 case "${PART:-}" in
 gen)
-  out=$WORK/gen-$SEED; mkdir -p $out
+  out=$WORK/gen-$SEED; mkdir -p $out/phases
   answered=(); for d in $files/gen-*.npz; do [[ -f $d ]] && answered+=("$d"); done
+  # the held-out answers are the same fixed prompts' every time (token for token since stage
+  # 2): a staged set is that phase's, done, and its share of GEN_S goes to new answers
+  for h in $files/heldout-*.npz; do
+    [[ -f $h ]] && { cp "$h" $out/phases/data-heldout.npz; break; }
+  done
   timeout $(( ${GEN_S:-420} + 120 )) python3 -m engine.train "${shape[@]}" \
     --model $model --out $out --data $out/data.npz --collect-only --max-len 1024 --no-progress \
     --prompts-file $files/train_prompts.jsonl.gz --eval-dir $WORK/evals \

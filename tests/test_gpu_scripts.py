@@ -69,6 +69,14 @@ def test_gpu_training_script_answers_trains_from_a_staged_draft_and_resumes(tmp_
     assert (tmp_path / "out-gen" / "heldout-1.npz").is_file()
     # staged again, as a later session's answers are
     shutil.copy(tmp_path / "out-gen" / "gen-1.npz", files / "gen-1.npz")
+    shutil.copy(tmp_path / "out-gen" / "heldout-1.npz", files / "heldout-1.npz")
+    # a later answering call takes the staged held-out answers as they are
+    log = run_part(work, tmp_path / "out-gen2", PART="gen", SLICE="0/1", GEN_S="20",
+                   GEN_BATCH="8", NUM_PROMPTS="24", **{**shape, "SEED": "2"})
+    assert "heldout: reusing" in log, log
+    assert (Dataset.load(tmp_path / "out-gen2" / "heldout-2.npz").sequences
+            == Dataset.load(files / "heldout-1.npz").sequences)
+    assert len(Dataset.load(tmp_path / "out-gen2" / "gen-2.npz")) > 0
     with tarfile.open(files / "draft.tar", "w") as tar:
         for name in ("config.json", "model.safetensors"):
             tar.add(draft_dir / name, arcname=name)
