@@ -11,12 +11,18 @@
 # its version: a cache from another MLX is simply not used.
 WORK=${WORK:-/root}  # where the machine keeps things between calls
 export MLX_PTX_CACHE_DIR=$WORK/kernel-cache/ptx CUDA_CACHE_PATH=$WORK/kernel-cache/nv
+kernel_files() { find $WORK/kernel-cache -type f ! -name .staged | wc -l; }
 if [[ ! -d $WORK/kernel-cache && -f $WORK/stash/files/kernel-cache.tar.xz ]]; then
   tar -C $WORK -xJf $WORK/stash/files/kernel-cache.tar.xz \
-    && echo "kernel cache staged: $(find $WORK/kernel-cache -type f | wc -l) files"
+    && kernel_files > $WORK/kernel-cache/.staged \
+    && echo "kernel cache staged: $(kernel_files) files"
 fi
-save_kernel_cache() {
+save_kernel_cache() {  # returned only where this machine compiled kernels the staged cache lacks
   [[ -d $WORK/kernel-cache ]] || return 0
+  if [[ -f $WORK/kernel-cache/.staged && $(kernel_files) == $(cat $WORK/kernel-cache/.staged) ]]
+  then
+    echo "kernel cache: as staged ($(kernel_files) files), not returned"; return 0
+  fi
   local packed=$WORK/kernel-cache.tar.xz
   tar -C $WORK -cf - kernel-cache | xz -T0 -6 > $packed
   if (( $(stat -c %s $packed) > 45000000 )); then
@@ -24,6 +30,6 @@ save_kernel_cache() {
   fi
   rm -f "$OUT"/kernel-cache.tar.xz.*
   split -b 15M -d -a 2 $packed "$OUT/kernel-cache.tar.xz."
-  echo "kernel cache: $(find $WORK/kernel-cache -type f | wc -l) files," \
+  echo "kernel cache: $(kernel_files) files," \
        "$(stat -c %s $packed) bytes packed in $(ls "$OUT"/kernel-cache.tar.xz.* | wc -l) pieces"
 }

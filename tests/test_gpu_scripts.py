@@ -99,3 +99,39 @@ def test_gpu_training_script_answers_trains_from_a_staged_draft_and_resumes(tmp_
     assert taps[0] == taps[1], taps
     runtime = DFlashRuntime.from_pretrained(model=str(target_dir), draft=str(folder))
     assert runtime.generate("What is 2 plus 5?", max_tokens=8).text is not None
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("bash", "xz", "split")),
+                    reason="needs bash, xz and split")
+def test_kernel_cache_comes_back_only_with_kernels_the_staged_one_lacks(tmp_path):
+    """scripts/gpu_kernel_cache.sh: a staged cache fills the machine's; a call returns the
+    cache (in pieces) only once this machine compiled something new."""
+    work, files = tmp_path / "work", tmp_path / "work" / "stash" / "files"
+    (work / "kernel-cache" / "ptx").mkdir(parents=True)
+    files.mkdir(parents=True)
+    for name in ("a.ptx", "b.ptx"):
+        (work / "kernel-cache" / "ptx" / name).write_text(name * 100)
+    subprocess.run(["tar", "-C", str(work), "-cJf", str(files / "kernel-cache.tar.xz"),
+                    "kernel-cache"], check=True)
+    shutil.rmtree(work / "kernel-cache")
+
+    def save(out: Path, before: str = "") -> str:
+        out.mkdir()
+        done = subprocess.run(
+            ["bash", "-c", f"source scripts/gpu_kernel_cache.sh && {before} save_kernel_cache"],
+            cwd=ROOT, env={**os.environ, "WORK": str(work), "OUT": str(out)},
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    log = save(tmp_path / "o1")
+    assert "staged: 2 files" in log and "as staged" in log
+    assert not list((tmp_path / "o1").iterdir())
+    log = save(tmp_path / "o2", f"echo new > {work}/kernel-cache/ptx/c.ptx &&")
+    pieces = sorted((tmp_path / "o2").glob("kernel-cache.tar.xz.*"))
+    assert pieces and "3 files" in log
+    joined = tmp_path / "joined.tar.xz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    names = subprocess.run(["tar", "-tJf", str(joined)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert {"kernel-cache/ptx/a.ptx", "kernel-cache/ptx/c.ptx"} <= set(names)
