@@ -19,7 +19,7 @@ from engine.errors import ConfigError
 from engine.loading import load_draft_folder, load_target
 from engine.train.collect import Collector, MixConfig
 from engine.train.dataset import Dataset, encode_prompts
-from engine.train.generate import continue_batch, cut_loops, loop_starts
+from engine.train.generate import continue_batch, cut_loops, loop_starts, running_order
 from engine.train.loop import grow_draft, grow_taps, grow_width
 from engine.train.mix import (
     Decontaminator,
@@ -31,6 +31,7 @@ from engine.train.mix import (
     load_records,
     sample_by_source,
     usable,
+    weighted_order,
 )
 
 EVAL_TURN = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
@@ -81,6 +82,36 @@ def test_held_out_split_slices_and_source_weights():
     assert abs(counts["big"] / counts["mid"] - 5 / 3) < 0.15  # the rest in proportion
     assert picked == sample_by_source(kept, 1000, seed=0,
                                       weights={"big": 0.5, "mid": 0.3, "tiny": 0.2})
+
+
+def test_a_time_budget_cut_keeps_the_source_mix():
+    """Drawing a whole slice keeps the slice's own mix; the answering order must still hold
+    the weights in every prefix, as far as each source lasts, for a budget that stops early:
+    weighted_order, then running_order's windows of length-sorted batches."""
+    records = [PromptRecord(f"{s}-{i}", s, "x", (f"prompt {s} {i}",)) for s, n in
+               (("big", 4000), ("mid", 3000), ("tiny", 30)) for i in range(n)]
+    weights = {"big": 0.2, "mid": 0.3, "tiny": 0.5}
+    drawn = sample_by_source(records, 10**6, seed=0, weights=weights)
+    assert len(drawn) == len(records)  # everything: the slice's own mix
+    ordered = weighted_order(drawn, seed=0, weights=weights)
+    assert sorted(r.id for r in ordered) == sorted(r.id for r in records)
+    assert ordered == weighted_order(drawn, seed=0, weights=weights)
+    head = Counter(r.source for r in ordered[:50])
+    assert abs(head["tiny"] - 25) <= 1 and abs(head["mid"] - 15) <= 1
+    assert Counter(r.source for r in ordered[:200])["tiny"] == 30  # lasted, then the rest
+    later = Counter(r.source for r in ordered[200:1200])
+    assert abs(later["big"] / later["mid"] - 2 / 3) < 0.05
+
+    rng = random.Random(0)
+    prompts = [[1] * rng.randint(1, 60) for _ in ordered]
+    order = running_order(prompts, width=8, window=4)
+    assert sorted(order) == list(range(len(prompts)))
+    for start in range(0, 96, 32):  # each window holds the ordered list's own 32, length-sorted
+        window = order[start:start + 32]
+        assert sorted(window) == list(range(start, start + 32))
+        for chunk in range(0, 32, 8):
+            lengths = [len(prompts[i]) for i in window[chunk:chunk + 8]]
+            assert lengths == sorted(lengths)
 
 
 def test_pycode_prompts_can_be_asked_as_a_stub():

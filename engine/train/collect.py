@@ -37,6 +37,7 @@ from .mix import (
     normal_text,
     sample_by_source,
     usable,
+    weighted_order,
 )
 
 PHASES = ("heldout", "single", "multiturn", "magpie", "templated")
@@ -184,7 +185,8 @@ class Collector:
             fresh = [r for r in records if not self.answered.has_text(r.turns[0])]
             self._skip("single", len(records) - len(fresh))
             records = fresh
-        picked = sample_by_source(records, self.cfg.num_prompts, self.cfg.seed)
+        picked = weighted_order(sample_by_source(records, self.cfg.num_prompts, self.cfg.seed),
+                                self.cfg.seed)
         prompts = self._encode([first_turn_messages(r, self.rng) for r in picked])
         prompts = self._fresh("single", [p for p in prompts if self._fits(p)])
         return as_dataset(prompts, self._answer(prompts, seconds), {"phase": "single"})

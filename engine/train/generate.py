@@ -432,14 +432,19 @@ def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: i
     return runs
 
 
-def running_order(prompts: list[list[int]], width: int) -> list[int]:
-    """The order `answer_prompts` feeds a running batch: neighbours in length refill together
-    (little padding); the length-sorted chunks of `width` are shuffled (seeded) so every
-    category and length comes early."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    chunks = [order[i:i + width] for i in range(0, len(order), width)]
-    random.Random(0).shuffle(chunks)
-    return [i for c in chunks for i in c]
+def running_order(prompts: list[list[int]], width: int, window: int = 4) -> list[int]:
+    """The order `answer_prompts` feeds a running batch: the prompts' own order, window by
+    window (`window` batches of `width`: a time budget cuts a run after whole windows keep
+    the mix an ordered list holds, mix.weighted_order), and inside a window neighbours in
+    length refill together (little padding), its length-sorted chunks of `width` shuffled
+    (seeded) so every length comes early."""
+    rng, order, span = random.Random(0), [], width * window
+    for start in range(0, len(prompts), span):
+        ids = sorted(range(start, min(start + span, len(prompts))), key=lambda i: len(prompts[i]))
+        chunks = [ids[i:i + width] for i in range(0, len(ids), width)]
+        rng.shuffle(chunks)
+        order += [i for c in chunks for i in c]
+    return order
 
 
 def answer_prompts(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new: int,

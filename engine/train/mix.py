@@ -181,6 +181,24 @@ def sample_by_source(records: Sequence[PromptRecord], n: int, seed: int,
     return picked[:n]
 
 
+def weighted_order(records: Sequence[PromptRecord], seed: int,
+                   weights: dict[str, float] = SOURCE_WEIGHTS) -> list[PromptRecord]:
+    """`records` in an order whose every prefix holds the sources in proportion to `weights`
+    for as long as each lasts (then the rest in proportion): a run that answers them in order
+    and stops on a time budget keeps the mix. Drawing more prompts than the budget answers
+    (sample_by_source over a whole slice) would otherwise keep the slice's own mix. Each
+    source's k-th record sits at (k + u) / weight, u a seeded offset per source."""
+    rng = random.Random(seed)
+    offsets = {s: rng.random() for s in sorted({r.source for r in records})}
+    seen: dict[str, int] = {}
+    keyed = []
+    for i, r in enumerate(records):
+        k = seen[r.source] = seen.get(r.source, -1) + 1
+        weight = weights.get(r.source, 0.0)
+        keyed.append(((k + offsets[r.source]) / weight if weight > 0 else float("inf"), i))
+    return [records[i] for _, i in sorted(keyed)]
+
+
 _PYCODE = re.compile(r"Write a Python function `(?P<name>\w+)\((?P<args>.*)\)` that does the "
                      r"following:\s*(?P<doc>.+)", re.S)
 
