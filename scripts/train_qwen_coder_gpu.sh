@@ -122,10 +122,15 @@ gen)
   for h in $files/heldout-*.npz; do
     [[ -f $h ]] && { cp "$h" $out/phases/data-heldout.npz; break; }
   done
+  # about what GEN_S answers (stage 9: 52 first turns/s in the single phase, which has half
+  # the time), with room: the source weights pick them (mix.sample_by_source), and none of
+  # the host's encoding goes to prompts the budget never reaches; the other phases are sized
+  # from it too (multi-turn 10%, Magpie 20%, templated 10%)
+  num_prompts=${NUM_PROMPTS:-$(( ${GEN_S:-420} * 70 ))}
   timeout $(( ${GEN_S:-420} + 120 )) python3 -m engine.train "${shape[@]}" \
     --model $model --out $out --data $out/data.npz --collect-only --max-len 1024 --no-progress \
     --prompts-file $files/train_prompts.jsonl.gz --eval-dir $WORK/evals \
-    --prompt-slice ${SLICE:-0/4} --prompt-seed $SEED --num-prompts ${NUM_PROMPTS:-129000} \
+    --prompt-slice ${SLICE:-0/4} --prompt-seed $SEED --num-prompts $num_prompts \
     --gen-batch ${GEN_BATCH:-1024} --gen-dtype bfloat16 --gen-attention ${GEN_ATTENTION:-grouped} \
     --gen-back-to-back ${GEN_ARGS:-} ${answered[@]:+--skip-answered "${answered[@]}"} \
     ${GEN_SHARES:+--gen-shares "$GEN_SHARES"} --gen-seconds ${GEN_S:-420} 2>&1 | tail -n 30
