@@ -433,11 +433,11 @@ def length_batches(lengths: list[int], batch: int, max_new: int, token_budget: i
 
 
 def running_order(prompts: list[list[int]], width: int, window: int = 4) -> list[int]:
-    """The order `answer_prompts` feeds a running batch: the prompts' own order, window by
-    window (`window` batches of `width`: a time budget cuts a run after whole windows keep
-    the mix an ordered list holds, mix.weighted_order), and inside a window neighbours in
-    length refill together (little padding), its length-sorted chunks of `width` shuffled
-    (seeded) so every length comes early."""
+    """The order `answer_prompts` feeds a running batch. The prompts' own order is kept
+    window by window (`window` batches of `width`), so a time budget that stops the run keeps
+    the mix an ordered list holds (mix.weighted_order). Inside a window the prompts are
+    sorted by length, so neighbours refill together with little padding, and its chunks of
+    `width` are shuffled (seeded) so every length comes early."""
     rng, order, span = random.Random(0), [], width * window
     for start in range(0, len(prompts), span):
         ids = sorted(range(start, min(start + span, len(prompts))), key=lambda i: len(prompts[i]))
