@@ -254,7 +254,8 @@ class DFlashChatApp(App[None]):
             self.push_screen(HelpScreen(binding_rows(self.settings.keymap), self.config_file))
 
     def action_pick_model(self) -> None:
-        self.push_screen(PickerScreen())  # posts LoadPair when a pair is chosen
+        # posts LoadPair when a pair is chosen
+        self.push_screen(PickerScreen(loaded_target=self.info.get("target")))
 
     def action_conversations(self) -> None:
         self.push_screen(ConversationsScreen())  # posts OpenConversation when one is chosen

@@ -21,6 +21,7 @@ from dflash_tui.widgets.ids import fit_id
 from engine.registry import human_size  # plain data: no MLX
 
 STATUS_STYLE = {
+    "loaded": "[b reverse green] loaded [/]",
     "bundled": "[b green]bundled[/]",
     "cached": "[green]cached[/]",
     "downloadable": "[yellow]download[/]",
@@ -61,15 +62,19 @@ def column_widths(total: int, rows: list[PairRow]) -> dict[str, int]:
     return {name: widths[name] for name in names}
 
 
-def state_cell(row: PairRow) -> Text:
-    """The State column: a pair fetched from PyPI shows its download size instead."""
+def state_cell(row: PairRow, loaded: bool = False) -> Text:
+    """The State column: the pair in use says so; a pair fetched from PyPI shows its
+    download size instead of "download"."""
+    if loaded:
+        return Text.from_markup(STATUS_STYLE["loaded"])
     if row.status == "downloadable" and row.size:
         return Text.from_markup(f"[yellow]{human_size(row.size)}[/]")
     return Text.from_markup(STATUS_STYLE.get(row.status, row.status))
 
 
 class PickerScreen(ModalScreen[None]):
-    """Posts LoadPair(target, draft) to the app and closes; draft None: the registry's."""
+    """Posts LoadPair(target, draft) to the app and closes; draft None: the registry's.
+    `loaded_target`: the target in use (the app's), whose row the cursor starts on."""
 
     DEFAULT_CSS = """
     PickerScreen { align: center middle; }
@@ -89,8 +94,9 @@ class PickerScreen(ModalScreen[None]):
         Binding("d", "download", "Download", id="picker.download"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, loaded_target: str | None = None) -> None:
         super().__init__()
+        self.loaded_target = (loaded_target or "").lower()
         self.rows: list[PairRow] = []
         self.downloading = False
         self._widths: dict[str, int] = {}
@@ -135,10 +141,17 @@ class PickerScreen(ModalScreen[None]):
         if self.rows and column_widths(self._table_width(), self.rows) != self._widths:
             self._show_rows(self.rows)
 
+    def _loaded_row(self, rows: list[PairRow]) -> int | None:
+        return next((i for i, r in enumerate(rows)
+                     if self.loaded_target and r.target.lower() == self.loaded_target), None)
+
     def _show_rows(self, rows: list[PairRow]) -> None:
+        first = not self.rows
         self.rows = rows
         table = self.query_one(DataTable)
-        cursor = table.cursor_row
+        loaded = self._loaded_row(rows)
+        # opened: on the pair in use; redrawn (a resize, a download): where the user was
+        cursor = (loaded or 0) if first else table.cursor_row
         self._widths = column_widths(self._table_width(), rows)
         table.clear(columns=True)
         for name, width in self._widths.items():
@@ -149,7 +162,7 @@ class PickerScreen(ModalScreen[None]):
                 "Draft": Text(fit_id(r.draft or "—", self._widths["Draft"])),
                 "Arch": r.architecture,
                 "Family": r.family,
-                "State": state_cell(r),
+                "State": state_cell(r, loaded=i == loaded),
                 "Note": Text(r.note, overflow="fold"),
             }
             table.add_row(*(cells[name] for name in self._widths), key=str(i), height=None)

@@ -119,3 +119,12 @@ def type_at_once(app, data: str) -> None:
     parser = XTermParser()
     for event in [*parser.feed(data), *parser.tick()]:
         app._driver.process_message(event)
+
+
+@pytest.fixture
+def no_hub_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry as a machine with no hub downloads and only the SmolLM2 GGUF sees it."""
+    from engine import offline, registry
+
+    monkeypatch.setattr(registry, "_hub_cached", lambda repo_id: False)
+    monkeypatch.setattr(offline, "is_cached", lambda model: model is offline.SMOLLM2)

@@ -99,6 +99,26 @@ async def test_picker_posts_the_chosen_pair_and_the_app_loads_it():
         assert app.model == "~/models/mine" and app.info["target"] == "~/models/mine"
 
 
+async def test_picker_opens_on_the_pair_in_use_and_marks_it(no_hub_cache):
+    """The picker's cursor starts on the loaded pair's row, whose State says "loaded"; a
+    redraw (a resize) keeps the row the user moved to."""
+    qwen = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    app = DFlashChatApp(model=qwen, backend_factory=FakeBackend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: engine_ready(app))
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: bool(getattr(app.screen, "rows", None)))
+        picker = app.screen
+        table = picker.query_one("#pairs")
+        at = table.cursor_row
+        assert picker.rows[at].target == qwen
+        states = [str(table.get_row_at(i)[-2]) for i in range(table.row_count)]
+        assert states[at].strip() == "loaded" and states.count(states[at]) == 1
+        await pilot.press("up")
+        await pilot.resize_terminal(130, 36)
+        await wait_for(pilot, lambda: table.cursor_row == at - 1)
+
+
 async def test_titles_with_square_brackets_are_text_not_markup():
     app = DFlashChatApp(backend_factory=lambda: FakeBackend(reply="ok"))
     async with app.run_test(size=(120, 36)) as pilot:
