@@ -2,6 +2,8 @@
 
     python scripts/screenshots.py            # demo engine (deterministic, no model needed)
     python scripts/screenshots.py --real     # the real engine on the offline default pair
+    python scripts/screenshots.py --real --model qwen2.5-coder-1.5b   # the README's: a real
+                                             # chat with the Qwen pair on this machine's CPU
 
 PNGs need `pip install pillow`. Runs the app headless with app.run_test + Pilot. The SVG is
 Textual's own screenshot. The PNG is drawn cell by cell from the same screen on a fixed grid
@@ -167,12 +169,18 @@ def find_font_dir(given: str | None) -> Path | None:
     return None
 
 
-async def shoot(real: bool, painter: Painter | None) -> list[Path]:
+# What the chat screenshot asks (a code question and its follow-up: what the pairs are for)
+CHAT = ("Write a Python function that returns the n-th Fibonacci number.",
+        "Now memoize it and add a docstring.")
+TITLE = "Fibonacci, memoized"
+
+
+async def shoot(real: bool, painter: Painter | None, model: str | None = None) -> list[Path]:
     from dflash_tui.app import DFlashChatApp
     from dflash_tui.backends import FakeBackend, RealBackend
     from dflash_tui.widgets.prompt import PromptInput
 
-    app = DFlashChatApp(backend_factory=RealBackend if real else FakeBackend)
+    app = DFlashChatApp(model=model, backend_factory=RealBackend if real else FakeBackend)
     app.settings.max_tokens = 160
     saved: list[Path] = []
 
@@ -186,13 +194,13 @@ async def shoot(real: bool, painter: Painter | None) -> list[Path]:
         await wait(lambda: bool(app.info))
         prompt = app.chat.query_one(PromptInput)
         prompt.cursor_blink = False
-        for text in ("What is speculative decoding?", "Explain the acceptance rate."):
+        for text in CHAT:
             prompt.insert(text)
             await pilot.press("enter")
             await wait(lambda: app.chat.active is None)
         await pilot.pause()
-        app.store.rename_conversation(app.conversation_id, "Speculative decoding, explained")
-        app.sub_title = "Speculative decoding, explained"
+        app.store.rename_conversation(app.conversation_id, TITLE)
+        app.sub_title = TITLE
         await pilot.press("ctrl+t")  # draft-accepted tokens coloured
         await pilot.pause(0.3)
         app.clear_notifications()
@@ -230,6 +238,8 @@ async def shoot(real: bool, painter: Painter | None) -> list[Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="use the real engine, not the demo")
+    parser.add_argument("--model", help="with --real: the pair's target (default: the offline "
+                        "default pair), e.g. qwen2.5-coder-1.5b")
     parser.add_argument("--font-dir", help="folder with DejaVuSansMono*.ttf and DejaVuSans.ttf")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -249,7 +259,7 @@ def main() -> int:
         os.environ["DFLASH_CHAT_DATA_DIR"] = f"{tmp}/data"
         os.environ["DFLASH_CHAT_CONFIG_DIR"] = f"{tmp}/config"
         OUT.mkdir(exist_ok=True)
-        svgs = asyncio.run(shoot(args.real, painter))
+        svgs = asyncio.run(shoot(args.real, painter, args.model))
     for path in svgs:
         print(path.relative_to(ROOT), "(+ .png)" if painter else "")
     return 0
