@@ -1,5 +1,7 @@
 """Simulated tokens/cycle of drafts on the held-out real-prompt answers, per prompt source:
 which kinds of prompts a draft predicts worst (where more or other training data would pay).
+A training run reports its own draft this way at its end (train-log.json's
+final_val_by_source); this script compares drafts already trained.
 
     git show 2b41663:benchmarks/stage5/heldout.npz > heldout.npz   # SmolLM2's, from history
     python3 scripts/heldout_by_source.py --draft engine/drafts/smollm2-135m-instruct-dflash \
@@ -20,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from engine.bench.environment import machine_info, versions
 from engine.loading import load_draft_folder, load_target
 from engine.targets import adapter_for
 from engine.train.dataset import Dataset
-from engine.train.loop import TrainConfig, validate, walk_tokens_per_cycle
+from engine.train.loop import TrainConfig, held_out_sources, validate, walk_tokens_per_cycle
 from engine.train.objective import slot_weights
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -47,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx  # after engine: its import loads the fast CPU BLAS first
 
     heldout = Dataset.load(args.heldout)
-    by_source: dict[str, list[int]] = defaultdict(list)
-    for i, record_id in enumerate(heldout.meta["ids"]):
-        by_source[record_id.rsplit("-", 1)[0]].append(i)
+    by_source = held_out_sources(heldout)
     model, _, model_id = load_target(args.model, "float32")
     target = adapter_for(model)
     report = {"command": " ".join(["python", *sys.argv]), "model": model_id,

@@ -898,6 +898,29 @@ def test_heldout_by_source_reports_each_source_with_its_decode_walk(pair, tmp_pa
         assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0
 
 
+def test_training_reports_the_held_out_set_by_source(pair, tmp_path):
+    """The final validation splits the held-out answers by their prompts' source (record
+    ids SOURCE-N): where the draft is weak, in every training log, at no extra pass."""
+    target_dir = pair[0]
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(4, 300, size=30).tolist() for _ in range(4)]
+    Dataset(seqs, [6, 8, 5, 7], {"ids": ["sharegpt-1", "evals-7", "sharegpt-9",
+                                        "gsm8k_train-3"]}).save(tmp_path / "heldout.npz")
+    log = tiny_run(target_dir, tmp_path)("d", "--heldout", str(tmp_path / "heldout.npz"))
+    rows = log["final_val_by_source"]
+    assert list(rows) == ["evals", "gsm8k_train", "sharegpt"]
+    assert [rows[s]["answers"] for s in rows] == [1, 1, 2]
+    for row in rows.values():
+        assert 1.0 <= row["walk_tokens_per_cycle"] <= 16 and row["tokens_per_cycle"] >= 1.0
+    walks = sum(r["walk_tokens_per_cycle"] * r["answers"] for r in rows.values()) / 4
+    assert walks == pytest.approx(log["final_val"]["walk_tokens_per_cycle"])
+    assert log["final_val_sets"]["heldout"] == {k: v for k, v in log["final_val"].items()
+                                                if k != "set"}
+    plain = tmp_path / "plain"  # no held-out set: the first file's split, no ids, no rows
+    plain.mkdir()
+    assert tiny_run(target_dir, plain)("e")["final_val_by_source"] == {}
+
+
 def test_bfloat16_compute_keeps_float32_weights_and_their_gradients(pair):
     """Mixed precision: the draft's matmuls in bfloat16, its weights and their gradients in
     float32, the gradients close to float32 training's."""

@@ -330,14 +330,33 @@ def validate(draft: DFlashDraft, target: TargetAdapter, val: Dataset, cfg: Train
             "novel_blocks": novel_blocks}
 
 
+def answer_walks(draft: DFlashDraft, target: TargetAdapter, val: Dataset) -> list[float | None]:
+    """Tokens/cycle of the greedy decode each held-out answer would get (None: too short to
+    walk). The anchor mean of `validate` overstates it: a decode's cycles start after misses,
+    where the draft does worst."""
+    return [simulate_answer(draft, target, seq, plen)["walk"]
+            for seq, plen in zip(val.sequences, val.prompt_lens)]
+
+
+def mean_walk(walks: Sequence[float | None]) -> float:
+    """Answers' walks averaged over answers, as the benchmark averages its runs."""
+    kept = [w for w in walks if w is not None]
+    return sum(kept) / max(len(kept), 1)
+
+
 def walk_tokens_per_cycle(draft: DFlashDraft, target: TargetAdapter, val: Dataset) -> float:
-    """Tokens/cycle of the greedy decode each held-out answer would get, averaged over answers
-    as the benchmark averages its runs. The anchor mean of `validate` overstates it: a
-    decode's cycles start after misses, where the draft does worst."""
-    walks = [simulate_answer(draft, target, seq, plen)["walk"]
-             for seq, plen in zip(val.sequences, val.prompt_lens)]
-    walks = [w for w in walks if w is not None]
-    return sum(walks) / max(len(walks), 1)
+    """`answer_walks` averaged over answers."""
+    return mean_walk(answer_walks(draft, target, val))
+
+
+def held_out_sources(val: Dataset) -> dict[str, list[int]]:
+    """A held-out set's answers by prompt source (a record id reads SOURCE-N; its meta's
+    "ids"), sources in order; {} where the set names no ids."""
+    groups: dict[str, list[int]] = {}
+    for i, record_id in enumerate(val.meta.get("ids") or []):
+        source = record_id.rsplit("-", 1)[0] if "-" in record_id else "other"
+        groups.setdefault(source, []).append(i)
+    return dict(sorted(groups.items()))
 
 
 def data_names(paths: Sequence[Path]) -> list[str]:
@@ -694,14 +713,26 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print) -> dict:
         _write_log(log, log_path, step, total, gen_s, log_start, t0)
         return log
     final = validate(draft, target, val_set, cfg, weights)
-    final["walk_tokens_per_cycle"] = walk_tokens_per_cycle(draft, target, val_set)
+    walks = answer_walks(draft, target, val_set)
+    final["walk_tokens_per_cycle"] = mean_walk(walks)
     log["final_val"] = {"set": val_name, **final}
-    log["final_val_sets"] = {name: validate(draft, target, v, cfg, weights)
+    log["final_val_sets"] = {name: final if name == val_name else
+                             validate(draft, target, v, cfg, weights)
                              for name, v in val_sets.items() if len(v)}
+    # where the draft is weak, by the kind of prompt (the held-out set's sources)
+    log["final_val_by_source"] = {
+        source: {**validate(draft, target, val_set.subset(idx), cfg, weights),
+                 "walk_tokens_per_cycle": mean_walk([walks[i] for i in idx]),
+                 "answers": len(idx)}
+        for source, idx in held_out_sources(val_set).items()}
     _write_log(log, log_path, step, total, gen_s, log_start, t0)
     say(f"done: {step} steps, val tokens/cycle {final['tokens_per_cycle']:.2f} (novel "
         f"{final['novel_tokens_per_cycle']:.2f}, decode walk "
         f"{final['walk_tokens_per_cycle']:.2f}), checkpoint {out}")
+    if log["final_val_by_source"]:
+        say(f"{val_name} decode walk by source: " + ", ".join(
+            f"{source} {row['walk_tokens_per_cycle']:.2f} ({row['answers']})"
+            for source, row in log["final_val_by_source"].items()))
     return log
 
 
