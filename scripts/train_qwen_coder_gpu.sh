@@ -13,9 +13,12 @@
 # (scripts/gpu_kernel_cache.sh: MLX's compiled CUDA kernels; keep it in git history like the
 # answers).
 # Parts (PART=...):
-#   gen    the target (bf16) answers prompt slice SLICE (K/N) of train_prompts.jsonl.gz for
-#          GEN_S seconds -> /root/gen-$SEED/data.npz, copied to $OUT/gen-$SEED.npz (keep it:
-#          later sessions stage it again; the machine keeps nothing)
+#   gen    the target (bf16) answers prompt slice SLICE (K/N; 0/1: the whole file) of
+#          train_prompts.jsonl.gz for GEN_S seconds, NUM_PROMPTS first turns drawn by the mix's
+#          source weights (default GEN_S x 70), every staged answer's prompt skipped and a
+#          staged heldout-N.npz taken as the held-out phase -> /root/gen-$SEED/data.npz,
+#          copied to $OUT/gen-$SEED.npz (keep it: later sessions stage it again; the machine
+#          keeps nothing)
 #   train  a draft (DEPTH layers, MLP WIDTH, TAPS taps; or INIT, a staged draft folder tar) on
 #          every gen-*.npz staged or made on this machine, for TRAIN_S seconds -> /root/draft,
 #          packed into $OUT (weights in 15 MB pieces, 8-bit when bf16 would not fit what a
